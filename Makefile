@@ -1,0 +1,71 @@
+# sluice — a drop-in replacement for kube-proxy.
+# `make help` lists the targets. Tests that need root, network namespaces or the real
+# kube-apiserver are in `make test`; `make test-unit` needs none of them and takes seconds.
+
+SHELL       := /usr/bin/env bash
+GO          ?= go
+BIN         := bin
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -s -w -X github.com/sluiceproxy/sluice/pkg/version.Version=$(VERSION)
+MODE        ?= iptables
+GOTESTFLAGS ?=
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/sluice (static) and the test helper binaries.
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sluice ./cmd/sluice
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/echoserver ./test/echoserver
+
+.PHONY: test-unit
+test-unit: ## Fast tier: unit, golden and fake-backed tests; no root, no netns, seconds.
+	$(GO) test $(GOTESTFLAGS) ./...
+
+.PHONY: verify
+verify: ## gofmt, go vet and the import-direction rules.
+	hack/verify.sh
+
+.PHONY: test-kernel
+test-kernel: build ## Backends against the real kernel, each test in its own network namespace (root).
+	hack/test-kernel.sh
+
+.PHONY: test-e2e
+test-e2e: build ## sluice against a real etcd + kube-apiserver (recording backend).
+	hack/test-e2e.sh
+
+.PHONY: test-conformance
+test-conformance: build ## Real-packet conformance suite in netns nodes, iptables and nftables backends (root).
+	hack/test-conformance.sh
+
+.PHONY: test-ipvs
+test-ipvs: build ## IPVS backend and conformance suite inside a qemu VM running Debian's kernel.
+	hack/ipvs-vm.sh
+
+.PHONY: test
+test: verify test-unit test-kernel test-e2e test-conformance test-ipvs ## Everything CI runs.
+
+.PHONY: fuzz
+fuzz: ## Fuzz the model for FUZZTIME (default 30s) per target; seed corpora live in testdata/fuzz.
+	hack/fuzz.sh
+
+.PHONY: bench
+bench: build ## Scale benchmarks (1 000 and 10 000 Services) for every backend; figures go to docs/benchmarks.md.
+	hack/bench.sh
+
+.PHONY: control-plane
+control-plane: ## Build (once, cached) the real kube-apiserver and etcd used by tests and the sandbox.
+	hack/control-plane.sh
+
+.PHONY: demo
+demo: build ## Sandbox: real apiserver, two netns nodes, pods and Services; MODE=iptables|nftables|ipvs.
+	MODE=$(MODE) hack/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Tear the sandbox down, leaving nothing behind.
+	hack/demo.sh down
+
+.PHONY: clean
+clean: ## Remove build output.
+	rm -rf $(BIN)
