@@ -1,0 +1,207 @@
+// Package metrics declares every Prometheus metric sluice exports.
+//
+// Names, types, labels and buckets of the kubeproxy_* metrics follow upstream kube-proxy
+// v1.37 exactly, so existing dashboards and alerts keep working. Metrics upstream lacks are
+// named sluice_* so that they can never collide with a future upstream name.
+//
+// All metrics are package variables registered once, by Register, into Registry; callers
+// never create metrics of their own.
+package metrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const subsystem = "kubeproxy"
+
+// Label names.
+const (
+	LabelIPFamily      = "ip_family"
+	LabelCode          = "code"
+	LabelTrafficPolicy = "traffic_policy"
+	LabelTable         = "table"
+	LabelProtocol      = "protocol"
+	LabelReason        = "reason"
+	LabelMode          = "mode"
+)
+
+// durationBuckets is upstream's ExponentialBuckets(0.001, 2, 15): 1 ms to about 16 s.
+var durationBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// programmingBuckets span 0.25 s to 5 min like upstream's network-programming histogram:
+// 0.25 and 0.5 s, every second up to 59 s, every 5 s up to 115 s, every 30 s up to 300 s.
+var programmingBuckets = func() []float64 {
+	b := prometheus.LinearBuckets(0.25, 0.25, 2)
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
+}()
+
+var (
+	SyncProxyRulesLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_duration_seconds",
+		Help: "SyncProxyRules latency in seconds", Buckets: durationBuckets,
+	}, []string{LabelIPFamily})
+
+	SyncFullProxyRulesLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "sync_full_proxy_rules_duration_seconds",
+		Help: "SyncProxyRules latency in seconds for full resyncs", Buckets: durationBuckets,
+	}, []string{LabelIPFamily})
+
+	SyncPartialProxyRulesLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "sync_partial_proxy_rules_duration_seconds",
+		Help: "SyncProxyRules latency in seconds for partial resyncs", Buckets: durationBuckets,
+	}, []string{LabelIPFamily})
+
+	SyncProxyRulesLastTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_last_timestamp_seconds",
+		Help: "The last time proxy rules were successfully synced",
+	}, []string{LabelIPFamily})
+
+	SyncProxyRulesLastQueuedTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+		Help: "The last time a sync of proxy rules was queued",
+	}, []string{LabelIPFamily})
+
+	NetworkProgrammingLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "network_programming_duration_seconds",
+		Help:    "In Cluster Network Programming Latency in seconds",
+		Buckets: programmingBuckets,
+	}, []string{LabelIPFamily})
+
+	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_pending",
+		Help: "Pending proxy rules Endpoint changes",
+	})
+	EndpointChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_total",
+		Help: "Cumulative proxy rules Endpoint changes",
+	})
+	ServiceChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_pending",
+		Help: "Pending proxy rules Service changes",
+	})
+	ServiceChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_total",
+		Help: "Cumulative proxy rules Service changes",
+	})
+
+	ProxyHealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "proxy_healthz_total",
+		Help: "Cumulative proxy healthz HTTP status",
+	}, []string{LabelCode})
+	ProxyLivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "proxy_livez_total",
+		Help: "Cumulative proxy livez HTTP status",
+	}, []string{LabelCode})
+
+	SyncProxyRulesNoLocalEndpointsTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_no_local_endpoints_total",
+		Help: "Number of services with a Local traffic policy and no endpoints",
+	}, []string{LabelTrafficPolicy, LabelIPFamily})
+
+	IPTablesRestoreFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_restore_failures_total",
+		Help: "Cumulative proxy iptables restore failures",
+	}, []string{LabelIPFamily})
+	IPTablesPartialRestoreFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
+		Help: "Cumulative proxy iptables partial restore failures",
+	}, []string{LabelIPFamily})
+	IPTablesRulesTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_total",
+		Help: "Total number of iptables rules owned by kube-proxy",
+	}, []string{LabelTable, LabelIPFamily})
+	IPTablesRulesLastSync = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_last",
+		Help: "Number of iptables rules written by kube-proxy in last sync",
+	}, []string{LabelTable, LabelIPFamily})
+
+	NFTablesSyncFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_nftables_sync_failures_total",
+		Help: "Cumulative proxy nftables sync failures",
+	}, []string{LabelIPFamily})
+	NFTablesCleanupFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_nftables_cleanup_failures_total",
+		Help: "Cumulative proxy nftables cleanup failures",
+	}, []string{LabelIPFamily})
+
+	ReconcileConntrackFlowsLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "conntrack_reconciler_sync_duration_seconds",
+		Help: "ReconcileConntrackFlowsLatency latency in seconds", Buckets: durationBuckets,
+	}, []string{LabelIPFamily})
+	ReconcileConntrackFlowsDeletedEntriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "conntrack_reconciler_deleted_entries_total",
+		Help: "Cumulative conntrack flows deleted by conntrack reconciler",
+	}, []string{LabelIPFamily})
+)
+
+// sluice's own metrics: what operators asked for and upstream lacks
+// (https://github.com/kubernetes/kubernetes/issues/80061).
+var (
+	// SyncFailuresTotal counts failed syncs by reason: "backend" (the whole apply failed),
+	// "service" (some Services failed, the rest were programmed), "panic" (a sync panicked
+	// and was recovered), "conntrack" (stale-entry cleanup failed).
+	SyncFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_sync_failures_total",
+		Help: "Failed proxy rule syncs, by IP family, mode and reason",
+	}, []string{LabelIPFamily, LabelMode, LabelReason})
+
+	// ServicesFailed is the number of Services the last sync could not program.
+	ServicesFailed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_services_failed",
+		Help: "Services that the last sync could not program, by IP family",
+	}, []string{LabelIPFamily})
+
+	// ServicesProgrammed is the number of Service ports in the desired state.
+	ServicePortsDesired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_service_ports",
+		Help: "Service ports this node programs, by IP family",
+	}, []string{LabelIPFamily})
+
+	// InputProblemsTotal counts malformed fields found in Services and EndpointSlices.
+	InputProblemsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_input_problems_total",
+		Help: "Malformed fields found in Services and EndpointSlices, by object kind",
+	}, []string{"kind"})
+)
+
+// Registry holds every metric sluice serves on /metrics.
+var Registry = prometheus.NewRegistry()
+
+var registerOnce sync.Once
+
+// Register registers the metrics that apply to mode ("iptables", "nftables", "ipvs" or
+// "recording") into Registry, plus the Go and process collectors. Only the first call has
+// an effect.
+func Register(mode string) {
+	registerOnce.Do(func() {
+		Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		Registry.MustRegister(
+			SyncProxyRulesLatency, SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueuedTimestamp,
+			NetworkProgrammingLatency,
+			EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
+			ProxyHealthzTotal, ProxyLivezTotal, SyncProxyRulesNoLocalEndpointsTotal,
+			ReconcileConntrackFlowsLatency, ReconcileConntrackFlowsDeletedEntriesTotal,
+			SyncFailuresTotal, ServicesFailed, ServicePortsDesired, InputProblemsTotal,
+		)
+		switch mode {
+		case "iptables":
+			Registry.MustRegister(SyncFullProxyRulesLatency, SyncPartialProxyRulesLatency,
+				IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal,
+				IPTablesRulesTotal, IPTablesRulesLastSync)
+		case "nftables":
+			Registry.MustRegister(SyncFullProxyRulesLatency, SyncPartialProxyRulesLatency,
+				NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal)
+		case "ipvs":
+			Registry.MustRegister(IPTablesRestoreFailuresTotal)
+		}
+	})
+}
+
+// MustRegisterCollector adds a mode-specific collector (for example the iptables nfacct
+// counters) to Registry.
+func MustRegisterCollector(c prometheus.Collector) { Registry.MustRegister(c) }
