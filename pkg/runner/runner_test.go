@@ -1,0 +1,437 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/sluiceproxy/sluice/pkg/metrics"
+)
+
+// Test conventions: every test drives the runner with a fake clock. fn hands each call to
+// the test through h.calls and blocks until the test answers it, so the test decides what
+// each run returns and always knows whether a run is in progress. Real waiting happens only
+// while polling for the loop to reach a known state (a bounded number of 1 ms naps) and in
+// expectNoRun, which gives a wrongly triggered run a few milliseconds to show up.
+
+// outcome is what one call of fn does when the test releases it.
+type outcome struct {
+	err     error
+	panicOf any
+}
+
+type harness struct {
+	t     *testing.T
+	clock *testingclock.FakeClock
+	r     *BoundedFrequencyRunner
+	calls chan chan outcome
+	done  chan error
+	stop  context.CancelFunc
+}
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func newHarness(t *testing.T, cfg Config) *harness {
+	t.Helper()
+	h := &harness{t: t, clock: testingclock.NewFakeClock(t0), calls: make(chan chan outcome)}
+	r, err := newWithClock(cfg, func(ctx context.Context) error {
+		reply := make(chan outcome)
+		select {
+		case h.calls <- reply:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		o := <-reply
+		if o.panicOf != nil {
+			panic(o.panicOf)
+		}
+		return o.err
+	}, h.clock)
+	if err != nil {
+		t.Fatalf("newWithClock: %v", err)
+	}
+	h.r = r
+	return h
+}
+
+// start runs the loop in a goroutine; the test's cleanup stops it and checks it returned.
+func (h *harness) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.r.Loop(ctx) }()
+	h.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-h.done:
+			if err != nil {
+				h.t.Errorf("Loop returned %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			h.t.Errorf("Loop did not stop after its context was cancelled")
+		}
+	})
+}
+
+// expectRun waits for the next call of fn and makes it return o.
+func (h *harness) expectRun(o outcome) {
+	h.t.Helper()
+	select {
+	case reply := <-h.calls:
+		reply <- o
+	case <-time.After(5 * time.Second):
+		h.t.Fatalf("fn was not called (fake time %v after start)", h.clock.Since(t0))
+	}
+}
+
+// expectNoRun checks that fn is not called within a few milliseconds.
+func (h *harness) expectNoRun() {
+	h.t.Helper()
+	select {
+	case reply := <-h.calls:
+		reply <- outcome{}
+		h.t.Fatalf("fn was called unexpectedly (fake time %v after start)", h.clock.Since(t0))
+	case <-time.After(5 * time.Millisecond):
+	}
+}
+
+// waitForTimers waits until the loop has armed n timers on the fake clock: 1 while it
+// waits for a trigger, 2 while it also waits out MinInterval after a run (when
+// MinInterval > 0). Stepping the clock before the timers are armed would be meaningless.
+func (h *harness) waitForTimers(n int) {
+	h.t.Helper()
+	for range 5000 {
+		if h.clock.Waiters() == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	h.t.Fatalf("loop did not arm %d timers (has %d)", n, h.clock.Waiters())
+}
+
+const (
+	minI   = 1 * time.Second
+	retryI = 10 * time.Second
+	maxI   = time.Hour
+)
+
+func defaultConfig() Config {
+	return Config{Name: "test", MinInterval: minI, RetryInterval: retryI, MaxInterval: maxI}
+}
+
+func TestBurstBeforeLoopCollapsesIntoOneRun(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	for range 100 {
+		h.r.Run()
+	}
+	h.start()
+	h.expectRun(outcome{})
+	h.waitForTimers(2)
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+	h.expectNoRun()
+}
+
+func TestBurstDuringRunCollapsesIntoOneRunAfterMinInterval(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	select {
+	case reply := <-h.calls:
+		for range 50 {
+			h.r.Run() // while fn is running
+		}
+		reply <- outcome{}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fn was not called")
+	}
+	h.waitForTimers(2)
+	h.expectNoRun() // held back by MinInterval
+	h.clock.Step(minI)
+	h.expectRun(outcome{})
+	h.waitForTimers(2)
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+	h.expectNoRun()
+}
+
+func TestMinIntervalSeparatesEndOfRunFromNextStart(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	h.expectRun(outcome{})
+	h.waitForTimers(2)
+	h.r.Run()
+	h.clock.Step(minI - time.Millisecond)
+	h.expectNoRun()
+	h.clock.Step(time.Millisecond)
+	h.expectRun(outcome{})
+}
+
+func TestMinIntervalCountsFromTheEndOfTheRun(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	select {
+	case reply := <-h.calls:
+		// The run itself takes longer than MinInterval.
+		h.clock.Step(5 * minI)
+		h.r.Run()
+		reply <- outcome{}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fn was not called")
+	}
+	h.waitForTimers(2)
+	h.expectNoRun()
+	h.clock.Step(minI)
+	h.expectRun(outcome{})
+}
+
+func TestZeroMinIntervalRunsBackToBack(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.MinInterval = 0
+	h := newHarness(t, cfg)
+	h.start()
+	for range 3 {
+		h.r.Run()
+		h.expectRun(outcome{})
+		h.waitForTimers(1)
+	}
+}
+
+func TestRetryAfterFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		retry     time.Duration
+		max       time.Duration
+		wantRetry time.Duration
+	}{
+		{name: "retry interval shorter than max", retry: 10 * time.Second, max: time.Hour, wantRetry: 10 * time.Second},
+		{name: "retry interval capped at max", retry: 2 * time.Hour, max: time.Hour, wantRetry: time.Hour},
+		{name: "no retry interval means max", retry: 0, max: 30 * time.Second, wantRetry: 30 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Config{Name: "retry", MinInterval: minI, RetryInterval: tc.retry, MaxInterval: tc.max})
+			h.start()
+			h.r.Run()
+			h.expectRun(outcome{err: errors.New("boom")})
+			h.waitForTimers(2)
+			h.clock.Step(minI)
+			h.waitForTimers(1)
+			// The retry timer started when the run ended, together with MinInterval.
+			h.clock.Step(tc.wantRetry - minI - time.Millisecond)
+			h.expectNoRun()
+			h.clock.Step(time.Millisecond)
+			h.expectRun(outcome{})
+
+			// After a success the next unrequested run is MaxInterval away again.
+			h.waitForTimers(2)
+			h.clock.Step(minI)
+			h.waitForTimers(1)
+			h.clock.Step(tc.max - minI - time.Millisecond)
+			h.expectNoRun()
+			h.clock.Step(time.Millisecond)
+			h.expectRun(outcome{})
+		})
+	}
+}
+
+func TestRequestBeforeRetryRunsEarly(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	h.expectRun(outcome{err: errors.New("boom")})
+	h.waitForTimers(2)
+	h.r.Run()
+	h.clock.Step(minI)
+	h.expectRun(outcome{})
+}
+
+func TestPeriodicRunAtMaxInterval(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.waitForTimers(1)
+	h.clock.Step(maxI - time.Millisecond)
+	h.expectNoRun()
+	h.clock.Step(time.Millisecond)
+	h.expectRun(outcome{})
+	h.waitForTimers(2)
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+	h.clock.Step(maxI - minI)
+	h.expectRun(outcome{})
+}
+
+func counterValue(t *testing.T, family, mode, reason string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.SyncFailuresTotal.WithLabelValues(family, mode, reason).Write(&m); err != nil {
+		t.Fatalf("reading metric: %v", err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestPanicIsRecoveredCountedAndRetried(t *testing.T) {
+	var (
+		mu         sync.Mutex
+		gotPanic   any
+		gotStack   string
+		panicCalls atomic.Int32
+	)
+	cfg := defaultConfig()
+	cfg.IPFamily, cfg.Mode = "IPv6", "panic-test"
+	cfg.OnPanic = func(recovered any, stack []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		panicCalls.Add(1)
+		gotPanic, gotStack = recovered, string(stack)
+	}
+	before := counterValue(t, "IPv6", "panic-test", "panic")
+
+	h := newHarness(t, cfg)
+	h.start()
+	h.r.Run()
+	h.expectRun(outcome{panicOf: "kaboom"})
+	h.waitForTimers(2)
+
+	mu.Lock()
+	if gotPanic != "kaboom" {
+		t.Errorf("OnPanic got %v, want kaboom", gotPanic)
+	}
+	if !strings.Contains(gotStack, "runner_test.go") {
+		t.Errorf("OnPanic stack does not show where the panic happened:\n%s", gotStack)
+	}
+	mu.Unlock()
+	if got := counterValue(t, "IPv6", "panic-test", "panic") - before; got != 1 {
+		t.Errorf("sluice_sync_failures_total{reason=panic} grew by %v, want 1", got)
+	}
+
+	// A panic is a failure: the retry interval applies.
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+	h.clock.Step(retryI - minI - time.Millisecond)
+	h.expectNoRun()
+	h.clock.Step(time.Millisecond)
+	h.expectRun(outcome{})
+	if n := panicCalls.Load(); n != 1 {
+		t.Errorf("OnPanic called %d times, want 1", n)
+	}
+}
+
+func TestPanicWithoutLabelsLeavesMetricAlone(t *testing.T) {
+	before := counterValue(t, "", "", "panic")
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	h.expectRun(outcome{panicOf: errors.New("kaboom")})
+	h.waitForTimers(2)
+	if got := counterValue(t, "", "", "panic") - before; got != 0 {
+		t.Errorf("metric without labels grew by %v, want 0", got)
+	}
+}
+
+func TestLoopStopsOnContextCancel(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(h *harness)
+	}{
+		{name: "while idle", setup: func(h *harness) { h.waitForTimers(1) }},
+		{name: "while waiting out MinInterval", setup: func(h *harness) {
+			h.r.Run()
+			h.expectRun(outcome{})
+			h.waitForTimers(2)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, defaultConfig())
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- h.r.Loop(ctx) }()
+			tc.setup(h)
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Loop returned %v, want nil", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("Loop did not return after cancel")
+			}
+			if h.r.looping.Load() {
+				t.Error("runner still marked as looping")
+			}
+		})
+	}
+}
+
+func TestSecondConcurrentLoopIsRejected(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.waitForTimers(1)
+	if err := h.r.Loop(context.Background()); err == nil {
+		t.Fatal("second Loop returned nil, want an error")
+	}
+	// The first loop is unaffected.
+	h.r.Run()
+	h.expectRun(outcome{})
+}
+
+func TestNewValidatesIntervals(t *testing.T) {
+	fn := func(context.Context) error { return nil }
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		wantErr bool
+	}{
+		{name: "upstream iptables settings", cfg: Config{MinInterval: time.Second, RetryInterval: 30 * time.Second, MaxInterval: time.Hour}},
+		{name: "max equal to min", cfg: Config{MinInterval: time.Second, MaxInterval: time.Second}},
+		{name: "zero min", cfg: Config{MaxInterval: time.Second}},
+		{name: "max below min", cfg: Config{MinInterval: 2 * time.Second, MaxInterval: time.Second}, wantErr: true},
+		{name: "zero max", cfg: Config{}, wantErr: true},
+		{name: "negative min", cfg: Config{MinInterval: -1, MaxInterval: time.Second}, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := New(tc.cfg, fn)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("New: err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if err == nil && r == nil {
+				t.Fatal("New returned neither a runner nor an error")
+			}
+		})
+	}
+	if _, err := New(defaultConfig(), nil); err == nil {
+		t.Error("New accepted a nil function")
+	}
+}
+
+func TestFnReceivesLoopContext(t *testing.T) {
+	type ctxKey struct{}
+	got := make(chan any, 1)
+	r, err := newWithClock(defaultConfig(), func(ctx context.Context) error {
+		got <- ctx.Value(ctxKey{})
+		return nil
+	}, testingclock.NewFakeClock(t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	defer cancel()
+	go func() { _ = r.Loop(ctx) }()
+	r.Run()
+	select {
+	case v := <-got:
+		if v != "v" {
+			t.Errorf("fn saw context value %v, want v", v)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fn was not called")
+	}
+}
