@@ -1,0 +1,138 @@
+//go:build kernel
+
+package echo
+
+// Conventions: every test runs in the private network namespace netnstest.Main creates, so
+// the server binds 0.0.0.0 and [::] freely. 127.0.0.2 is made to drop everything (an nft
+// input rule) and 10.99.0.0/24 is an unreachable route.
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluiceproxy/sluice/test/netnstest"
+)
+
+func TestMain(m *testing.M) { netnstest.Main(m) }
+
+const port = 18080
+
+func startServer(t *testing.T, protos ...Protocol) *Server {
+	t.Helper()
+	srv, err := Listen(ServerConfig{Pod: "p0", Ports: []uint16{port}, Protocols: protos, Logf: t.Logf})
+	if err != nil {
+		t.Fatalf("Listen: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return srv
+}
+
+func run(t *testing.T, cmd string) {
+	t.Helper()
+	f := strings.Fields(cmd)
+	if out, err := exec.Command(f[0], f[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", cmd, err, out)
+	}
+}
+
+func TestProbeClassifiesWhatTheClientReceives(t *testing.T) {
+	startServer(t, TCP, UDP)
+	run(t, "nft add table inet echotest")
+	run(t, "nft add chain inet echotest input { type filter hook input priority 0 ; }")
+	run(t, "nft add rule inet echotest input ip daddr 127.0.0.2 drop")
+	run(t, "ip route add unreachable 10.99.0.0/24")
+	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "echotest").Run() })
+
+	short := ProbeOptions{Timeout: 300 * time.Millisecond}
+	for _, tc := range []struct {
+		name   string
+		proto  Protocol
+		target string
+		want   Result
+	}{
+		{"tcp to a listening port is answered", TCP, "127.0.0.1:18080", Answered},
+		{"udp to a listening port is answered", UDP, "127.0.0.1:18080", Answered},
+		{"tcp over ipv6 is answered", TCP, "[::1]:18080", Answered},
+		{"udp over ipv6 is answered", UDP, "[::1]:18080", Answered},
+		{"tcp to a closed port is refused", TCP, "127.0.0.1:18081", Refused},
+		{"udp to a closed port is refused", UDP, "127.0.0.1:18081", Refused},
+		{"tcp to a dropping address times out", TCP, "127.0.0.2:18080", Timeout},
+		{"udp to a dropping address times out", UDP, "127.0.0.2:18080", Timeout},
+		{"tcp without a route is unreachable", TCP, "10.99.0.1:18080", Unreachable},
+		{"udp without a route is unreachable", UDP, "10.99.0.1:18080", Unreachable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := netip.MustParseAddrPort(tc.target)
+			out := Probe(context.Background(), tc.proto, target, short)
+			if out.Result != tc.want {
+				t.Fatalf("Probe(%s %s) = %s, want %s", tc.proto, target, out, tc.want)
+			}
+			if out.Result != Answered {
+				return
+			}
+			r := out.Reply
+			if r.Pod != "p0" || r.Protocol != tc.proto || r.Local != target || r.Remote.Addr() != target.Addr() {
+				t.Errorf("reply %s does not describe this connection to %s", r, target)
+			}
+		})
+	}
+}
+
+func TestUDPClientKeepsItsSourcePort(t *testing.T) {
+	startServer(t, UDP)
+	c, err := DialUDP(netip.MustParseAddrPort("127.0.0.1:18080"), netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 3 {
+		out := c.Send(time.Second)
+		if out.Result != Answered {
+			t.Fatalf("send %d: %s", i, out)
+		}
+		if out.Reply.Remote != c.LocalAddr() {
+			t.Errorf("send %d: server saw %s, the socket is %s", i, out.Reply.Remote, c.LocalAddr())
+		}
+	}
+}
+
+func TestProbeBindsTheRequestedSource(t *testing.T) {
+	startServer(t, TCP, UDP)
+	src := netip.MustParseAddr("127.0.0.3")
+	for _, proto := range []Protocol{TCP, UDP} {
+		out := Probe(context.Background(), proto, netip.MustParseAddrPort("127.0.0.1:18080"), ProbeOptions{Source: src})
+		if out.Result != Answered || out.Reply.Remote.Addr() != src {
+			t.Errorf("%s from %s: %s", proto, src, out)
+		}
+	}
+}
+
+func TestSCTPIsAnsweredOrSkippedCleanly(t *testing.T) {
+	srv := startServer(t, SCTP)
+	if !SCTPSupported() {
+		if len(srv.Skipped) == 0 {
+			t.Fatal("no SCTP in this kernel, yet the server did not record its SCTP listeners as skipped")
+		}
+		t.Skipf("kernel has no SCTP sockets; server skipped %v", srv.Skipped)
+	}
+	out := Probe(context.Background(), SCTP, netip.MustParseAddrPort("127.0.0.1:18080"), ProbeOptions{})
+	if out.Result != Answered || out.Reply.Protocol != SCTP {
+		t.Fatalf("sctp probe: %s", out)
+	}
+	out = Probe(context.Background(), SCTP, netip.MustParseAddrPort("127.0.0.1:18081"), ProbeOptions{})
+	if out.Result != Refused {
+		t.Errorf("sctp probe of a closed port: %s, want refused", out)
+	}
+}
