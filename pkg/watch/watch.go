@@ -1,0 +1,306 @@
+// Package watch connects sluice to the API server: shared informers for Services,
+// EndpointSlices, ServiceCIDRs and this Node, with the same selectors upstream kube-proxy
+// uses. Event handlers only record changes in a Sink (the model's change tracker); nothing
+// here computes rules or touches the kernel.
+//
+// The informer caches are the only copy of API objects sluice keeps. Objects are slimmed on
+// the way in (managedFields and annotations sluice does not read are dropped) and the
+// tracker reads the current objects back through Source at sync time.
+package watch
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// Label and annotation keys sluice reads.
+const (
+	// LabelServiceProxyName marks Services handled by another proxy; sluice skips them.
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// LabelHeadless marks EndpointSlices of headless Services; sluice skips them.
+	LabelHeadless = "service.kubernetes.io/headless"
+	// AnnotationTriggerTime is the EndpointSlice annotation feeding the network programming
+	// latency metric.
+	AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
+	// AnnotationScheduler selects the IPVS scheduler of one Service.
+	AnnotationScheduler = "ipvs.sluice.dev/scheduler"
+
+	serviceNameIndex = "serviceName"
+)
+
+// Sink receives changes. The model's change tracker implements it; every method must be
+// cheap and goroutine-safe (informer handlers call it).
+type Sink interface {
+	OnServiceAdd(svc *v1.Service)
+	OnServiceUpdate(old, cur *v1.Service)
+	OnServiceDelete(svc *v1.Service)
+	OnEndpointSliceAdd(slice *discoveryv1.EndpointSlice)
+	OnEndpointSliceUpdate(old, cur *discoveryv1.EndpointSlice)
+	OnEndpointSliceDelete(slice *discoveryv1.EndpointSlice)
+	OnServiceCIDRsChange(cidrs []netip.Prefix)
+}
+
+// NodeSink receives this node's Node object whenever it changes (nil when deleted).
+type NodeSink func(node *v1.Node)
+
+// Watcher owns the informers.
+type Watcher struct {
+	factories []informers.SharedInformerFactory
+
+	services cache.SharedIndexInformer
+	slices   cache.SharedIndexInformer
+	cidrs    cache.SharedIndexInformer
+	node     cache.SharedIndexInformer
+}
+
+// New creates the informers and registers the handlers; Start runs them. resync is
+// configSyncPeriod. nodeSink may be nil.
+func New(client kubernetes.Interface, nodeName string, resync time.Duration, sink Sink, nodeSink NodeSink) (*Watcher, error) {
+	noProxyName, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building service-proxy-name selector: %w", err)
+	}
+	noHeadless, err := labels.NewRequirement(LabelHeadless, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building headless selector: %w", err)
+	}
+	// One factory per selector: a factory applies its list options to every informer it makes.
+	newFactory := func(tweak func(*metav1.ListOptions)) informers.SharedInformerFactory {
+		opts := []informers.SharedInformerOption{informers.WithTransform(slim)}
+		if tweak != nil {
+			opts = append(opts, informers.WithTweakListOptions(tweak))
+		}
+		return informers.NewSharedInformerFactoryWithOptions(client, resync, opts...)
+	}
+	svcFactory := newFactory(func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.NewSelector().Add(*noProxyName).String()
+		o.FieldSelector = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
+	})
+	sliceFactory := newFactory(func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.NewSelector().Add(*noHeadless).String()
+	})
+	nodeFactory := newFactory(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	})
+	cidrFactory := newFactory(nil)
+
+	w := &Watcher{
+		factories: []informers.SharedInformerFactory{svcFactory, sliceFactory, nodeFactory, cidrFactory},
+		services:  svcFactory.Core().V1().Services().Informer(),
+		slices:    sliceFactory.Discovery().V1().EndpointSlices().Informer(),
+		node:      nodeFactory.Core().V1().Nodes().Informer(),
+		cidrs:     cidrFactory.Networking().V1().ServiceCIDRs().Informer(),
+	}
+	if err := w.slices.AddIndexers(cache.Indexers{serviceNameIndex: indexByServiceName}); err != nil {
+		return nil, fmt.Errorf("adding EndpointSlice index: %w", err)
+	}
+	if _, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if svc, ok := obj.(*v1.Service); ok {
+				sink.OnServiceAdd(svc)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			old, ok1 := oldObj.(*v1.Service)
+			cur, ok2 := newObj.(*v1.Service)
+			if ok1 && ok2 {
+				sink.OnServiceUpdate(old, cur)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if svc, ok := deletedObject[*v1.Service](obj); ok {
+				sink.OnServiceDelete(svc)
+			}
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("adding Service handler: %w", err)
+	}
+	if _, err := w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				sink.OnEndpointSliceAdd(s)
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			old, ok1 := oldObj.(*discoveryv1.EndpointSlice)
+			cur, ok2 := newObj.(*discoveryv1.EndpointSlice)
+			if ok1 && ok2 {
+				sink.OnEndpointSliceUpdate(old, cur)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if s, ok := deletedObject[*discoveryv1.EndpointSlice](obj); ok {
+				sink.OnEndpointSliceDelete(s)
+			}
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("adding EndpointSlice handler: %w", err)
+	}
+	cidrsChanged := func() { sink.OnServiceCIDRsChange(w.ServiceCIDRs()) }
+	if _, err := w.cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { cidrsChanged() },
+		UpdateFunc: func(_, _ any) { cidrsChanged() },
+		DeleteFunc: func(any) { cidrsChanged() },
+	}); err != nil {
+		return nil, fmt.Errorf("adding ServiceCIDR handler: %w", err)
+	}
+	if nodeSink != nil {
+		if _, err := w.node.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { nodeSink(asNode(obj)) },
+			UpdateFunc: func(_, cur any) { nodeSink(asNode(cur)) },
+			DeleteFunc: func(any) { nodeSink(nil) },
+		}); err != nil {
+			return nil, fmt.Errorf("adding Node handler: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// Start runs the informers until ctx is done.
+func (w *Watcher) Start(ctx context.Context) {
+	for _, f := range w.factories {
+		f.Start(ctx.Done())
+	}
+}
+
+// WaitForServicesAndEndpoints blocks until the Service and EndpointSlice caches have
+// synced (nothing may be programmed before), or ctx ends.
+func (w *Watcher) WaitForServicesAndEndpoints(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), w.services.HasSynced, w.slices.HasSynced)
+}
+
+// WaitForNode blocks until the Node cache has synced, or ctx ends.
+func (w *Watcher) WaitForNode(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), w.node.HasSynced)
+}
+
+// Shutdown stops the informers and waits for their goroutines.
+func (w *Watcher) Shutdown() {
+	for _, f := range w.factories {
+		f.Shutdown()
+	}
+}
+
+// Service returns the current Service named name from the cache.
+func (w *Watcher) Service(name types.NamespacedName) (*v1.Service, bool) {
+	obj, exists, err := w.services.GetStore().GetByKey(name.String())
+	if err != nil || !exists {
+		return nil, false
+	}
+	svc, ok := obj.(*v1.Service)
+	return svc, ok
+}
+
+// EndpointSlices returns the current EndpointSlices of the Service named name.
+func (w *Watcher) EndpointSlices(name types.NamespacedName) []*discoveryv1.EndpointSlice {
+	objs, err := w.slices.GetIndexer().ByIndex(serviceNameIndex, name.String())
+	if err != nil {
+		return nil
+	}
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, obj := range objs {
+		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Services returns every cached Service (for full recomputes and diagnostics).
+func (w *Watcher) Services() []*v1.Service {
+	objs := w.services.GetStore().List()
+	out := make([]*v1.Service, 0, len(objs))
+	for _, obj := range objs {
+		if svc, ok := obj.(*v1.Service); ok {
+			out = append(out, svc)
+		}
+	}
+	return out
+}
+
+// AllEndpointSlices returns every cached EndpointSlice.
+func (w *Watcher) AllEndpointSlices() []*discoveryv1.EndpointSlice {
+	objs := w.slices.GetStore().List()
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, obj := range objs {
+		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Node returns this node's cached Node object.
+func (w *Watcher) Node() (*v1.Node, bool) {
+	objs := w.node.GetStore().List()
+	if len(objs) == 0 {
+		return nil, false
+	}
+	n, ok := objs[0].(*v1.Node)
+	return n, ok
+}
+
+// ServiceCIDRs returns the ranges of every ServiceCIDR object, both families. Objects
+// being deleted still count: their addresses may still be allocated.
+func (w *Watcher) ServiceCIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, obj := range w.cidrs.GetStore().List() {
+		sc, ok := obj.(*networkingv1.ServiceCIDR)
+		if !ok {
+			continue
+		}
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p.Masked())
+			} else {
+				klog.V(2).InfoS("Ignoring invalid ServiceCIDR range", "serviceCIDR", klog.KObj(sc), "cidr", c)
+			}
+		}
+	}
+	return out
+}
+
+func indexByServiceName(obj any) ([]string, error) {
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, nil
+	}
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil
+	}
+	return []string{s.Namespace + "/" + name}, nil
+}
+
+// deletedObject unwraps the tombstone an informer hands out when it missed a delete.
+func deletedObject[T any](obj any) (T, bool) {
+	if t, ok := obj.(T); ok {
+		return t, true
+	}
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		t, ok := tomb.Obj.(T)
+		return t, ok
+	}
+	var zero T
+	return zero, false
+}
+
+func asNode(obj any) *v1.Node {
+	n, _ := deletedObject[*v1.Node](obj)
+	return n
+}
