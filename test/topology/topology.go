@@ -1,0 +1,605 @@
+// Package topology builds a small cluster out of network namespaces, with plain `ip`
+// commands, for tests that need real packets to cross real nodes: two (or more) node
+// namespaces with a pod bridge and pod namespaces behind veths, an underlay bridge joining
+// the nodes and an external client, and a link from each node to the namespace the test runs
+// in, where the kube-apiserver listens.
+//
+//	      test's namespace: bridge slct<run>br 169.254.N.1/24 (apiserver listens here)
+//	         │ veth                           │ veth
+//	      api0 169.254.N.10                api0 169.254.N.11
+//	   ┌─ node-a ──────────────┐       ┌─ node-b ──────────────┐
+//	   │ cbr0 10.244.1.1/24    │       │ cbr0 10.244.2.1/24    │
+//	   │  ├ a0 10.244.1.10     │       │  ├ b0 10.244.2.10     │
+//	   │  └ a1 10.244.1.11     │       │  └ b1 10.244.2.11     │
+//	   │ eth0 172.18.0.2/24    │       │ eth0 172.18.0.3/24    │
+//	   └──────────┬────────────┘       └──────────┬────────────┘
+//	              └───── underlay: br0 172.18.0.1/24 ────┘
+//	                              │
+//	                   external: eth0 172.18.0.100/24 (+ .101, ...)
+//
+// Every name carries the run's id (slct-<pid>-<seq>), so runs in parallel never collide,
+// and everything is deleted in t.Cleanup even when the test fails. Teardown removes what a
+// crashed run left behind: namespaces and links whose owning process is gone. In the test's
+// own namespace only the bridge and veths this package creates are touched, never other
+// routes, rules or sysctls.
+package topology
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluiceproxy/sluice/test/echoserver/echo"
+	"github.com/sluiceproxy/sluice/test/netnstest"
+)
+
+// Options shape a Cluster. The zero value gives two nodes with two pods each, IPv4 only,
+// and one external client address.
+type Options struct {
+	// Nodes is the number of node namespaces (node-a, node-b, ...); default 2, at most 9.
+	Nodes int
+	// PodsPerNode is the number of pod namespaces on each node (a0, a1, ...); default 2.
+	PodsPerNode int
+	// IPv6 adds IPv6 addresses and routes everywhere (dual-stack).
+	IPv6 bool
+	// ExternalAddresses is the number of IPv4 (and IPv6) addresses of the external client,
+	// to test source-range filtering with more than one source; default 1.
+	ExternalAddresses int
+	// LogDir receives one log file per started process. Default: $SLUICE_TEST_ARTIFACTS/<id>
+	// when that is set, else a temporary directory. It is removed when the test passes and
+	// kept (and named in the test log) when it fails.
+	LogDir string
+}
+
+// Cluster is a built topology. Fields are read-only.
+type Cluster struct {
+	// ID is the run's unique name prefix, slct-<pid>-<seq>.
+	ID string
+	// Underlay is the namespace holding the bridge that joins nodes and the external client.
+	Underlay string
+	// APIBridge is the bridge in the test's namespace and APIPrefix its address: the
+	// kube-apiserver binds APIPrefix.Addr().
+	APIBridge string
+	APIPrefix netip.Prefix
+	Nodes     []*Node
+	// External is the client outside the cluster, on the underlay.
+	External *Host
+	// ExternalIPs are all the external client's addresses (External.IPv4 is the first).
+	ExternalIPs []netip.Addr
+	// LogDir holds the process logs.
+	LogDir string
+
+	t         testing.TB
+	linkTag   string // prefix of every link this run creates in the test's namespace
+	mu        sync.Mutex
+	processes []*Process
+}
+
+// Host is one network namespace with addresses: a node, a pod or the external client.
+type Host struct {
+	// Name is the logical name: node-a, a0, external.
+	Name string
+	// NetNS is the `ip netns` name.
+	NetNS string
+	// IPv4 and IPv6 are the host's primary addresses (IPv6 invalid unless Options.IPv6).
+	IPv4, IPv6 netip.Addr
+	c          *Cluster
+}
+
+// Node is a node namespace.
+type Node struct {
+	Host
+	// PodCIDRs are the node's pod ranges, IPv4 first.
+	PodCIDRs []netip.Prefix
+	// Bridge is the pod bridge (cbr0), with the pods' gateway addresses BridgeIPs.
+	Bridge    string
+	BridgeIPs []netip.Addr
+	// APIAddress is the node's address on its link to the test's namespace.
+	APIAddress netip.Addr
+	Pods       []*Pod
+}
+
+// Pod is a pod namespace on a node.
+type Pod struct {
+	Host
+	Node *Node
+}
+
+// Fixed addressing; see the package comment.
+const (
+	underlayV4     = "172.18.0"
+	underlayV6     = "fd00:172:18::"
+	externalOffset = 100
+	podBridge      = "cbr0"
+	// ClusterCIDRv4 and ClusterCIDRv6 cover every node's pod CIDR.
+	ClusterCIDRv4 = "10.244.0.0/16"
+	ClusterCIDRv6 = "fd00:10:244::/48"
+)
+
+// namePrefix starts every namespace and link name this package creates.
+const namePrefix = "slct"
+
+var runSeq atomic.Int64
+
+// New builds the topology and registers its teardown with t.Cleanup. It first removes
+// leftovers of crashed earlier runs (Teardown). It fails t on any error.
+func New(t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if opts.Nodes == 0 {
+		opts.Nodes = 2
+	}
+	if opts.PodsPerNode == 0 {
+		opts.PodsPerNode = 2
+	}
+	if opts.ExternalAddresses == 0 {
+		opts.ExternalAddresses = 1
+	}
+	if opts.Nodes > 9 || opts.PodsPerNode > 50 || opts.ExternalAddresses > 50 {
+		t.Fatalf("topology: too large: %+v", opts)
+	}
+	if err := Teardown(); err != nil {
+		t.Logf("topology: removing leftovers of earlier runs: %v", err)
+	}
+	seq := runSeq.Add(1)
+	pid := os.Getpid()
+	c := &Cluster{
+		ID:      fmt.Sprintf("%s-%d-%d", namePrefix, pid, seq),
+		linkTag: fmt.Sprintf("%s%06x%x", namePrefix, pid, seq%16),
+		t:       t,
+	}
+	c.Underlay = c.ID + "-underlay"
+	c.APIBridge = c.linkTag + "br"
+
+	c.LogDir = opts.LogDir
+	if c.LogDir == "" {
+		if dir := os.Getenv("SLUICE_TEST_ARTIFACTS"); dir != "" {
+			c.LogDir = dir + "/" + c.ID
+		} else {
+			dir, err := os.MkdirTemp("", c.ID+"-logs-")
+			if err != nil {
+				t.Fatalf("topology: log dir: %v", err)
+			}
+			c.LogDir = dir
+		}
+	}
+	if err := os.MkdirAll(c.LogDir, 0o755); err != nil {
+		t.Fatalf("topology: log dir: %v", err)
+	}
+	t.Cleanup(func() {
+		c.stopAll()
+		if err := deleteRun(c.ID, c.linkTag); err != nil {
+			t.Errorf("topology: teardown of %s: %v", c.ID, err)
+		}
+		if t.Failed() {
+			t.Logf("topology: process logs kept in %s", c.LogDir)
+		} else if opts.LogDir == "" && os.Getenv("SLUICE_TEST_ARTIFACTS") == "" {
+			os.RemoveAll(c.LogDir)
+		}
+	})
+	if err := c.build(opts); err != nil {
+		t.Fatalf("topology: %v", err)
+	}
+	t.Logf("topology %s:\n%s", c.ID, c.Describe())
+	return c
+}
+
+// ip runs one `ip` command.
+func ip(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// script runs `ip` commands in order, stopping at the first failure.
+func script(cmds ...[]string) error {
+	for _, args := range cmds {
+		if err := ip(args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func words(s string, a ...any) []string { return strings.Fields(fmt.Sprintf(s, a...)) }
+
+func sysctl(ns string, settings ...string) error {
+	args := append([]string{"netns", "exec", ns, "sysctl", "-q", "-w"}, settings...)
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("sysctl in %s %v: %w: %s", ns, settings, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func (c *Cluster) addNetNS(name string, ipv6 bool) error {
+	if err := script(words("netns add %s", name), words("-n %s link set lo up", name)); err != nil {
+		return err
+	}
+	if ipv6 {
+		// New interfaces skip duplicate address detection, so addresses are usable at once.
+		return sysctl(name, "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0")
+	}
+	return nil
+}
+
+func nodeLetter(i int) string { return string(rune('a' + i)) }
+
+func (c *Cluster) build(opts Options) error {
+	// The underlay: a plain switch with the nodes' gateway address.
+	if err := c.addNetNS(c.Underlay, opts.IPv6); err != nil {
+		return err
+	}
+	// The switch must not run the underlay's own netfilter on bridged frames.
+	if err := sysctl(c.Underlay, "net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"); err != nil {
+		return err
+	}
+	u := c.Underlay
+	if err := script(
+		words("-n %s link add br0 type bridge", u),
+		words("-n %s addr add %s.1/24 dev br0", u, underlayV4),
+		words("-n %s link set br0 up", u),
+	); err != nil {
+		return err
+	}
+	if opts.IPv6 {
+		if err := ip(words("-n %s addr add %s1/64 dev br0 nodad", u, underlayV6)...); err != nil {
+			return err
+		}
+	}
+
+	apiPrefix, err := freeLinkLocalSubnet()
+	if err != nil {
+		return err
+	}
+	c.APIPrefix = apiPrefix
+	if err := script(
+		words("link add %s type bridge", c.APIBridge),
+		words("addr add %s dev %s", apiPrefix, c.APIBridge),
+		words("link set %s up", c.APIBridge),
+	); err != nil {
+		return err
+	}
+
+	for i := range opts.Nodes {
+		n, err := c.addNode(i, opts)
+		if err != nil {
+			return err
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	// Each node routes every other node's pod CIDRs to that node's underlay address.
+	for _, n := range c.Nodes {
+		for _, other := range c.Nodes {
+			if other == n {
+				continue
+			}
+			if err := ip(words("-n %s route add %s via %s", n.NetNS, other.PodCIDRs[0], other.IPv4)...); err != nil {
+				return err
+			}
+			if opts.IPv6 {
+				if err := ip(words("-n %s -6 route add %s via %s", n.NetNS, other.PodCIDRs[1], other.IPv6)...); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return c.addExternal(opts)
+}
+
+func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
+	name := "node-" + nodeLetter(i)
+	n := &Node{
+		Host:       Host{Name: name, NetNS: c.ID + "-" + name, c: c},
+		Bridge:     podBridge,
+		APIAddress: nthAddr(c.APIPrefix, 10+i),
+	}
+	n.IPv4 = netip.MustParseAddr(fmt.Sprintf("%s.%d", underlayV4, 2+i))
+	n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1))}
+	n.BridgeIPs = []netip.Addr{netip.MustParseAddr(fmt.Sprintf("10.244.%d.1", i+1))}
+	if opts.IPv6 {
+		n.IPv6 = netip.MustParseAddr(fmt.Sprintf("%s%x", underlayV6, 2+i))
+		n.PodCIDRs = append(n.PodCIDRs, netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%d::/64", i+1)))
+		n.BridgeIPs = append(n.BridgeIPs, netip.MustParseAddr(fmt.Sprintf("fd00:10:244:%d::1", i+1)))
+	}
+	ns := n.NetNS
+	if err := c.addNetNS(ns, opts.IPv6); err != nil {
+		return nil, err
+	}
+	settings := []string{"net.ipv4.ip_forward=1",
+		// kube-proxy's rules must see bridged pod-to-pod traffic (hairpin, same-node
+		// Service traffic), as on a real node with br_netfilter.
+		"net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1"}
+	if opts.IPv6 {
+		settings = append(settings, "net.ipv6.conf.all.forwarding=1")
+	}
+	if err := sysctl(ns, settings...); err != nil {
+		return nil, fmt.Errorf("%w (is br_netfilter loaded?)", err)
+	}
+
+	// Underlay uplink. A default route is needed even though nothing beyond the underlay
+	// exists: a socket to a ClusterIP must route somewhere before NAT rewrites it, or
+	// connect() fails with "network unreachable".
+	if err := script(
+		words("-n %s link add eth0 type veth peer name %s netns %s", ns, name, c.Underlay),
+		words("-n %s link set %s master br0 up", c.Underlay, name),
+		words("-n %s addr add %s/24 dev eth0", ns, n.IPv4),
+		words("-n %s link set eth0 up", ns),
+		words("-n %s route add default via %s.1", ns, underlayV4),
+	); err != nil {
+		return nil, err
+	}
+	if opts.IPv6 {
+		if err := script(
+			words("-n %s addr add %s/64 dev eth0 nodad", ns, n.IPv6),
+			words("-n %s -6 route add default via %s1", ns, underlayV6),
+		); err != nil {
+			return nil, err
+		}
+	}
+
+	// Link to the test's namespace (the apiserver).
+	rootEnd := c.linkTag + nodeLetter(i)
+	if err := script(
+		words("link add %s type veth peer name api0 netns %s", rootEnd, ns),
+		words("link set %s master %s up", rootEnd, c.APIBridge),
+		words("-n %s addr add %s/%d dev api0", ns, n.APIAddress, c.APIPrefix.Bits()),
+		words("-n %s link set api0 up", ns),
+	); err != nil {
+		return nil, err
+	}
+
+	// Pod bridge and pods.
+	if err := script(
+		words("-n %s link add %s type bridge", ns, podBridge),
+		words("-n %s addr add %s/24 dev %s", ns, n.BridgeIPs[0], podBridge),
+		words("-n %s link set %s up", ns, podBridge),
+	); err != nil {
+		return nil, err
+	}
+	if opts.IPv6 {
+		if err := ip(words("-n %s addr add %s/64 dev %s nodad", ns, n.BridgeIPs[1], podBridge)...); err != nil {
+			return nil, err
+		}
+	}
+	for j := range opts.PodsPerNode {
+		p, err := c.addPod(n, j, opts)
+		if err != nil {
+			return nil, err
+		}
+		n.Pods = append(n.Pods, p)
+	}
+	return n, nil
+}
+
+func (c *Cluster) addPod(n *Node, j int, opts Options) (*Pod, error) {
+	letter := strings.TrimPrefix(n.Name, "node-")
+	name := fmt.Sprintf("%s%d", letter, j)
+	p := &Pod{Host: Host{Name: name, NetNS: c.ID + "-" + name, c: c}, Node: n}
+	p.IPv4 = nthAddr(n.PodCIDRs[0], 10+j)
+	if opts.IPv6 {
+		p.IPv6 = nthAddr(n.PodCIDRs[1], 10+j)
+	}
+	if err := c.addNetNS(p.NetNS, opts.IPv6); err != nil {
+		return nil, err
+	}
+	port := fmt.Sprintf("veth%d", j)
+	cmds := [][]string{
+		words("-n %s link add %s type veth peer name eth0 netns %s", n.NetNS, port, p.NetNS),
+		words("-n %s link set %s master %s up", n.NetNS, port, podBridge),
+		// As kubelet's bridge plugin does: lets a pod reach itself through its Service.
+		words("-n %s link set dev %s type bridge_slave hairpin on", n.NetNS, port),
+		words("-n %s addr add %s/24 dev eth0", p.NetNS, p.IPv4),
+		words("-n %s link set eth0 up", p.NetNS),
+		words("-n %s route add default via %s", p.NetNS, n.BridgeIPs[0]),
+	}
+	if opts.IPv6 {
+		cmds = append(cmds,
+			words("-n %s addr add %s/64 dev eth0 nodad", p.NetNS, p.IPv6),
+			words("-n %s -6 route add default via %s", p.NetNS, n.BridgeIPs[1]))
+	}
+	return p, script(cmds...)
+}
+
+func (c *Cluster) addExternal(opts Options) error {
+	h := &Host{Name: "external", NetNS: c.ID + "-external", c: c}
+	if err := c.addNetNS(h.NetNS, opts.IPv6); err != nil {
+		return err
+	}
+	if err := script(
+		words("-n %s link add eth0 type veth peer name external netns %s", h.NetNS, c.Underlay),
+		words("-n %s link set external master br0 up", c.Underlay),
+		words("-n %s link set eth0 up", h.NetNS),
+	); err != nil {
+		return err
+	}
+	for k := range opts.ExternalAddresses {
+		a := netip.MustParseAddr(fmt.Sprintf("%s.%d", underlayV4, externalOffset+k))
+		if err := ip(words("-n %s addr add %s/24 dev eth0", h.NetNS, a)...); err != nil {
+			return err
+		}
+		c.ExternalIPs = append(c.ExternalIPs, a)
+		if opts.IPv6 {
+			a6 := netip.MustParseAddr(fmt.Sprintf("%s%x", underlayV6, externalOffset+k))
+			if err := ip(words("-n %s addr add %s/64 dev eth0 nodad", h.NetNS, a6)...); err != nil {
+				return err
+			}
+			c.ExternalIPs = append(c.ExternalIPs, a6)
+			if k == 0 {
+				h.IPv6 = a6
+			}
+		}
+	}
+	h.IPv4 = c.ExternalIPs[0]
+	c.External = h
+	return nil
+}
+
+// nthAddr is the n-th address of prefix p (n small).
+func nthAddr(p netip.Prefix, n int) netip.Addr {
+	a := p.Masked().Addr()
+	for range n {
+		a = a.Next()
+	}
+	return a
+}
+
+// freeLinkLocalSubnet picks a 169.254.N.0/24 that no address or route of the test's
+// namespace uses yet, and returns its first address as a prefix (169.254.N.1/24).
+func freeLinkLocalSubnet() (netip.Prefix, error) {
+	addrs, err := exec.Command("ip", "-4", "-o", "addr", "show").Output()
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("ip addr show: %w", err)
+	}
+	routes, err := exec.Command("ip", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("ip route show: %w", err)
+	}
+	used := string(addrs) + string(routes)
+	for n := 20; n < 250; n++ {
+		if n == 169 { // cloud metadata lives at 169.254.169.254
+			continue
+		}
+		if !strings.Contains(used, fmt.Sprintf("169.254.%d.", n)) {
+			return netip.MustParsePrefix(fmt.Sprintf("169.254.%d.1/24", n)), nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("no free 169.254.N.0/24 subnet")
+}
+
+// APIAddress is the address the kube-apiserver should bind: every node reaches it.
+func (c *Cluster) APIAddress() netip.Addr { return c.APIPrefix.Addr() }
+
+// Node returns the node with the given logical name (node-a, ...), or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// Pod returns the pod with the given logical name (a0, b1, ...), or nil.
+func (c *Cluster) Pod(name string) *Pod {
+	for _, p := range c.Pods() {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Pods lists every pod, node by node.
+func (c *Cluster) Pods() []*Pod {
+	var out []*Pod
+	for _, n := range c.Nodes {
+		out = append(out, n.Pods...)
+	}
+	return out
+}
+
+// Describe renders the topology's names and addresses, one host per line.
+func (c *Cluster) Describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "  apiserver bridge %s %s (in the test's namespace)\n", c.APIBridge, c.APIPrefix)
+	for _, n := range c.Nodes {
+		fmt.Fprintf(&b, "  %-8s netns=%s ip=%s%s api=%s podCIDRs=%v\n", n.Name, n.NetNS, n.IPv4, v6(n.IPv6), n.APIAddress, n.PodCIDRs)
+		for _, p := range n.Pods {
+			fmt.Fprintf(&b, "    %-6s netns=%s ip=%s%s\n", p.Name, p.NetNS, p.IPv4, v6(p.IPv6))
+		}
+	}
+	fmt.Fprintf(&b, "  %-8s netns=%s ips=%v\n", c.External.Name, c.External.NetNS, c.ExternalIPs)
+	return b.String()
+}
+
+func v6(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return "," + a.String()
+}
+
+// IPs are the host's primary addresses, IPv4 first.
+func (h *Host) IPs() []netip.Addr {
+	if h.IPv6.IsValid() {
+		return []netip.Addr{h.IPv4, h.IPv6}
+	}
+	return []netip.Addr{h.IPv4}
+}
+
+// IP is the host's primary address of the family of like (IPv4 when like is invalid).
+func (h *Host) IP(like netip.Addr) netip.Addr {
+	if like.IsValid() && like.Unmap().Is6() {
+		return h.IPv6
+	}
+	return h.IPv4
+}
+
+// Do runs fn on a thread inside the host's namespace (netnstest.Do).
+func (h *Host) Do(fn func() error) error { return netnstest.Do(h.NetNS, fn) }
+
+// Probe runs echo.Probe from inside the host's namespace.
+func (h *Host) Probe(proto echo.Protocol, target netip.AddrPort, opts echo.ProbeOptions) echo.Outcome {
+	var out echo.Outcome
+	if err := h.Do(func() error {
+		out = echo.Probe(context.Background(), proto, target, opts)
+		return nil
+	}); err != nil {
+		return echo.Outcome{Result: echo.Failed, Err: err}
+	}
+	return out
+}
+
+// DialUDP opens a UDP client socket inside the host's namespace; its Send may then be
+// called from anywhere and keeps the socket's source port.
+func (h *Host) DialUDP(target netip.AddrPort, source netip.Addr) (*echo.UDPClient, error) {
+	var c *echo.UDPClient
+	err := h.Do(func() (err error) {
+		c, err = echo.DialUDP(target, source)
+		return err
+	})
+	return c, err
+}
+
+// Run runs a command inside the host's namespace (`ip netns exec`) and returns its
+// combined output.
+func (h *Host) Run(name string, args ...string) (string, error) {
+	out, err := exec.Command("ip", append([]string{"netns", "exec", h.NetNS, name}, args...)...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("in %s: %s %s: %w: %s", h.Name, name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
+// Route points dst at via inside the host's namespace, replacing any route to dst. The
+// external client uses it to send LoadBalancer and external IPs to a chosen node.
+func (h *Host) Route(dst netip.Prefix, via netip.Addr) error {
+	fam := "-4"
+	if dst.Addr().Is6() {
+		fam = "-6"
+	}
+	return ip("-n", h.NetNS, fam, "route", "replace", dst.String(), "via", via.String())
+}
+
+// waitFor polls cond every 50ms until it returns nil or timeout passes, and returns the
+// last error.
+func waitFor(timeout time.Duration, cond func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
