@@ -4,18 +4,18 @@
 // the nodes and an external client, and a link from each node to the namespace the test runs
 // in, where the kube-apiserver listens.
 //
-//	      test's namespace: bridge slct<run>br 169.254.N.1/24 (apiserver listens here)
-//	         │ veth                           │ veth
-//	      api0 169.254.N.10                api0 169.254.N.11
-//	   ┌─ node-a ──────────────┐       ┌─ node-b ──────────────┐
-//	   │ cbr0 10.244.1.1/24    │       │ cbr0 10.244.2.1/24    │
-//	   │  ├ a0 10.244.1.10     │       │  ├ b0 10.244.2.10     │
-//	   │  └ a1 10.244.1.11     │       │  └ b1 10.244.2.11     │
-//	   │ eth0 172.18.0.2/24    │       │ eth0 172.18.0.3/24    │
-//	   └──────────┬────────────┘       └──────────┬────────────┘
-//	              └───── underlay: br0 172.18.0.1/24 ────┘
-//	                              │
-//	                   external: eth0 172.18.0.100/24 (+ .101, ...)
+//	   test's namespace: bridge slct<run>br 169.254.N.1/24 (apiserver listens here)
+//	      │ veth                           │ veth
+//	   api0 169.254.N.10                api0 169.254.N.11
+//	┌─ node-a ──────────────┐       ┌─ node-b ──────────────┐
+//	│ cbr0 10.244.1.1/24    │       │ cbr0 10.244.2.1/24    │
+//	│  ├ a0 10.244.1.10     │       │  ├ b0 10.244.2.10     │
+//	│  └ a1 10.244.1.11     │       │  └ b1 10.244.2.11     │
+//	│ eth0 172.18.0.2/24    │       │ eth0 172.18.0.3/24    │
+//	└──────────┬────────────┘       └──────────┬────────────┘
+//	           └───── underlay: br0 172.18.0.1/24 ────┘
+//	                           │
+//	                external: eth0 172.18.0.100/24 (+ .101, ...)
 //
 // Every name carries the run's id (slct-<pid>-<seq>), so runs in parallel never collide,
 // and everything is deleted in t.Cleanup even when the test fails. Teardown removes what a
