@@ -184,8 +184,11 @@ func (sp *ServicePort) ExternallyAccessible() bool {
 }
 
 // UsesClusterEndpoints reports whether some traffic to this port is under Cluster policy.
+// An externally accessible port always needs them, even with externalTrafficPolicy Local:
+// external traffic from pods or from the node itself is short-circuited to the Cluster
+// endpoints (upstream's UsesClusterEndpoints does the same).
 func (sp *ServicePort) UsesClusterEndpoints() bool {
-	return !sp.InternalPolicyLocal || (sp.ExternallyAccessible() && !sp.ExternalPolicyLocal)
+	return !sp.InternalPolicyLocal || sp.ExternallyAccessible()
 }
 
 // UsesLocalEndpoints reports whether some traffic to this port is under Local policy.
