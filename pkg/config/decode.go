@@ -98,14 +98,17 @@ func Decode(data []byte) (*v1alpha1.KubeProxyConfiguration, error) {
 
 	// Collect everything wrong, not just what the decoder stopped at: strict errors
 	// (unknown and duplicate fields, all of them) plus every value of the wrong type.
+	// The decoder reports strict problems only when the values all decoded; after a value
+	// of the wrong type it stops, so then the walk looks for unknown fields too.
 	var problems []string
-	if strictErr, ok := runtime.AsStrictDecodingError(decodeErr); ok {
+	strictErr, strict := runtime.AsStrictDecodingError(decodeErr)
+	if strict {
 		for _, e := range strictErr.Errors() {
 			// YAML duplicate-key errors span lines ("yaml: unmarshal errors:\n  line 7: ...").
 			problems = append(problems, strings.Join(strings.Fields(e.Error()), " "))
 		}
 	}
-	problems = append(problems, findValueErrors(jsonData, reflect.TypeFor[v1alpha1.KubeProxyConfiguration]())...)
+	problems = append(problems, findValueErrors(jsonData, reflect.TypeFor[v1alpha1.KubeProxyConfiguration](), !strict)...)
 	if len(problems) == 0 {
 		problems = []string{decodeErr.Error()}
 	}
@@ -140,24 +143,30 @@ func checkTypeMeta(jsonData []byte) []string {
 }
 
 // findValueErrors walks the JSON document alongside the Go type it decodes into and
-// reports every value that the type rejects, with its path. The decoder itself only
-// reports the first such value, and for types with their own UnmarshalJSON (durations,
-// quantities) without saying which field it was.
-func findValueErrors(jsonData []byte, t reflect.Type) []string {
+// reports every value that the type rejects, with its path, and (with reportUnknown)
+// every field the type does not have. The decoder itself only reports the first such
+// value, and for types with their own UnmarshalJSON (durations, quantities) without
+// saying which field it was.
+func findValueErrors(jsonData []byte, t reflect.Type, reportUnknown bool) []string {
 	dec := json.NewDecoder(bytes.NewReader(jsonData))
 	dec.UseNumber()
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
 		return nil
 	}
-	var problems []string
-	walkValue(doc, t, nil, &problems)
-	return problems
+	w := valueWalker{reportUnknown: reportUnknown}
+	w.walk(doc, t, nil)
+	return w.problems
 }
 
 var jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
-func walkValue(value any, t reflect.Type, path *field.Path, problems *[]string) {
+type valueWalker struct {
+	reportUnknown bool
+	problems      []string
+}
+
+func (w *valueWalker) walk(value any, t reflect.Type, path *field.Path) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -171,23 +180,24 @@ func walkValue(value any, t reflect.Type, path *field.Path, problems *[]string) 
 			fields := jsonFields(t)
 			for _, key := range sortedKeys(object) {
 				if ft, known := fields[key]; known {
-					walkValue(object[key], ft, path.Child(key), problems)
+					w.walk(object[key], ft, path.Child(key))
+				} else if w.reportUnknown {
+					w.problems = append(w.problems, fmt.Sprintf("unknown field %q", path.Child(key).String()))
 				}
-				// Unknown keys are reported by the strict decoder.
 			}
 			return
 		}
 	case !custom && t.Kind() == reflect.Map:
 		if object, ok := value.(map[string]any); ok {
 			for _, key := range sortedKeys(object) {
-				walkValue(object[key], t.Elem(), path.Key(key), problems)
+				w.walk(object[key], t.Elem(), path.Key(key))
 			}
 			return
 		}
 	case !custom && t.Kind() == reflect.Slice:
 		if list, ok := value.([]any); ok {
 			for i, item := range list {
-				walkValue(item, t.Elem(), path.Index(i), problems)
+				w.walk(item, t.Elem(), path.Index(i))
 			}
 			return
 		}
@@ -197,7 +207,7 @@ func walkValue(value any, t reflect.Type, path *field.Path, problems *[]string) 
 		return
 	}
 	if err := json.Unmarshal(raw, reflect.New(t).Interface()); err != nil {
-		*problems = append(*problems, fmt.Sprintf("%s: invalid value %s: %s", path, raw, describeValueError(err, t)))
+		w.problems = append(w.problems, fmt.Sprintf("%s: invalid value %s: %s", path, raw, describeValueError(err, t)))
 	}
 }
 

@@ -1,0 +1,149 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+
+func TestDecodeRejectsWithFieldPaths(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		// wantProblems must each appear in one of the reported problems.
+		wantProblems []string
+	}{
+		{name: "unknown top-level field",
+			in:           header + "mdoe: nftables\n",
+			wantProblems: []string{`unknown field "mdoe"`}},
+		{name: "nested unknown field",
+			in:           header + "iptables:\n  syncPerod: 10s\n",
+			wantProblems: []string{`unknown field "iptables.syncPerod"`}},
+		{name: "field names are case-sensitive",
+			in:           header + "IPTables: {}\n",
+			wantProblems: []string{`unknown field "IPTables"`}},
+		{name: "every unknown field is reported",
+			in:           header + "foo: 1\nconntrack:\n  maxPerCpu: 5\ndetectLocal:\n  bridge: br0\n",
+			wantProblems: []string{`unknown field "foo"`, `unknown field "conntrack.maxPerCpu"`, `unknown field "detectLocal.bridge"`}},
+		{name: "duplicate field",
+			in:           header + "mode: iptables\nmode: nftables\n",
+			wantProblems: []string{`"mode" already set`}},
+		{name: "wrong type for an integer",
+			in:           header + "iptables:\n  masqueradeBit: fourteen\n",
+			wantProblems: []string{`iptables.masqueradeBit: invalid value "fourteen": expected an integer`}},
+		{name: "wrong type for a duration",
+			in:           header + "nftables:\n  syncPeriod: 30\n",
+			wantProblems: []string{`nftables.syncPeriod: invalid value 30: expected a duration`}},
+		{name: "unparsable duration",
+			in:           header + "conntrack:\n  tcpCloseWaitTimeout: soon\n",
+			wantProblems: []string{`conntrack.tcpCloseWaitTimeout: invalid value "soon": expected a duration`}},
+		{name: "string where a list belongs",
+			in:           header + "nodePortAddresses: primary\n",
+			wantProblems: []string{`nodePortAddresses: invalid value "primary": expected a list, got string`}},
+		{name: "wrong type inside a list and a map",
+			in:           header + "ipvs:\n  excludeCIDRs: [10.0.0.0/8, 7]\nfeatureGates:\n  KubeProxyIPVS: maybe\n",
+			wantProblems: []string{`ipvs.excludeCIDRs[1]: invalid value 7`, `featureGates[KubeProxyIPVS]: invalid value "maybe": expected a boolean`}},
+		{name: "bad quantity in logging options",
+			in:           header + "logging:\n  options:\n    text:\n      infoBufferSize: lots\n",
+			wantProblems: []string{`logging.options.text.infoBufferSize: invalid value "lots"`}},
+		{name: "unknown field and wrong type together",
+			in:           header + "bogus: true\nclientConnection:\n  burst: many\n",
+			wantProblems: []string{`unknown field "bogus"`, `clientConnection.burst: invalid value "many"`}},
+		{name: "wrong kind",
+			in:           "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n",
+			wantProblems: []string{`kind: unsupported value "KubeletConfiguration", must be "KubeProxyConfiguration"`}},
+		{name: "wrong apiVersion",
+			in:           "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n",
+			wantProblems: []string{`apiVersion: unsupported value "kubeproxy.config.k8s.io/v1beta1", must be "kubeproxy.config.k8s.io/v1alpha1"`}},
+		{name: "missing apiVersion and kind",
+			in:           "mode: iptables\n",
+			wantProblems: []string{`apiVersion: missing`, `kind: missing`}},
+		{name: "not YAML",
+			in:           header + "mode: [unclosed\n",
+			wantProblems: []string{"not valid YAML or JSON"}},
+		{name: "not an object",
+			in:           "- mode\n",
+			wantProblems: []string{"must be a YAML or JSON object"}},
+		{name: "JSON with an unknown field",
+			in:           `{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "ipvs": {"shceduler": "rr"}}`,
+			wantProblems: []string{`unknown field "ipvs.shceduler"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Decode([]byte(tt.in))
+			if err == nil {
+				t.Fatalf("Decode accepted it: %+v", cfg)
+			}
+			var decodeErr *DecodeError
+			if !errors.As(err, &decodeErr) {
+				t.Fatalf("error is %T, want *DecodeError: %v", err, err)
+			}
+			for _, want := range tt.wantProblems {
+				found := false
+				for _, p := range decodeErr.Problems {
+					found = found || strings.Contains(p, want)
+				}
+				if !found {
+					t.Errorf("no problem mentions %q; got %q", want, decodeErr.Problems)
+				}
+			}
+		})
+	}
+}
+
+func TestDecodeAcceptsYAMLAndJSON(t *testing.T) {
+	for name, in := range map[string]string{
+		"yaml": header + "mode: nftables\nnftables:\n  syncPeriod: 10s\nnodePortAddresses: [primary, localhost]\n",
+		"json": `{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+			"mode": "nftables", "nftables": {"syncPeriod": "10s"}, "nodePortAddresses": ["primary", "localhost"]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := Decode([]byte(in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Mode != "nftables" || cfg.NFTables.SyncPeriod.Duration != 10*time.Second || len(cfg.NodePortAddresses) != 2 {
+				t.Errorf("decoded %+v", cfg)
+			}
+			// Decoding applies no defaults.
+			if cfg.IPTables.SyncPeriod.Duration != 0 || cfg.IPTables.MasqueradeBit != nil {
+				t.Errorf("Decode applied defaults: %+v", cfg.IPTables)
+			}
+		})
+	}
+}
+
+func TestLoadFileNamesTheFile(t *testing.T) {
+	path := writeConfig(t, "iptables:\n  syncPerod: 1s\n")
+	_, err := LoadFile(path)
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), `unknown field "iptables.syncPerod"`) {
+		t.Errorf("error %v should name %s and the field", err, path)
+	}
+	if _, err := LoadFile(path + ".missing"); err == nil {
+		t.Errorf("missing file accepted")
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	cfg := NewDefaultConfiguration()
+	cfg.Mode = "nftables"
+	cfg.NodePortAddresses = []string{"primary", "10.0.0.0/8"}
+	cfg.FeatureGates = map[string]bool{"KubeProxyNFTablesLocalhostNodePorts": true}
+	data, err := Encode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(data), "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n") || !strings.Contains(string(data), "\nkind: KubeProxyConfiguration\n") {
+		t.Errorf("encoding lacks apiVersion/kind:\n%s", data)
+	}
+	back, err := Decode(data)
+	if err != nil {
+		t.Fatalf("decoding our own output: %v\n%s", err, data)
+	}
+	if !equalConfigs(cfg, back) {
+		t.Errorf("round trip changed the configuration:\n%s", data)
+	}
+}
