@@ -276,12 +276,9 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		cfg.HostnameOverride = strings.ToLower(name)
 	}
 
-	if errs := Validate(cfg); len(errs) > 0 {
+	errs, gate := validate(cfg)
+	if len(errs) > 0 {
 		return &ValidationError{Source: o.ConfigFile, Errors: errs}
-	}
-	gate, err := setFeatureGates(cfg.FeatureGates)
-	if err != nil {
-		return fmt.Errorf("featureGates: %w", err) // unreachable: Validate checked them
 	}
 
 	nodeName, err := resolveNodeName(cfg.HostnameOverride, o.osHostname)

@@ -27,6 +27,13 @@ import (
 // always checked. Unlike upstream, an unknown mode lists the valid ones and mode ipvs is
 // refused with its own message when the KubeProxyIPVS gate is off.
 func Validate(cfg *v1alpha1.KubeProxyConfiguration) field.ErrorList {
+	errs, _ := validate(cfg)
+	return errs
+}
+
+// validate is Validate that also returns the feature gate set it evaluated (the defaults
+// when featureGates is invalid).
+func validate(cfg *v1alpha1.KubeProxyConfiguration) (field.ErrorList, featuregate.FeatureGate) {
 	var errs field.ErrorList
 
 	gate, err := setFeatureGates(cfg.FeatureGates)
@@ -78,7 +85,7 @@ func Validate(cfg *v1alpha1.KubeProxyConfiguration) field.ErrorList {
 	errs = append(errs, validateShowHiddenMetricsForVersion(cfg.ShowHiddenMetricsForVersion, field.NewPath("showHiddenMetricsForVersion"))...)
 	errs = append(errs, validateDetectLocal(cfg, field.NewPath("detectLocalMode"))...)
 	errs = append(errs, logsapi.Validate(&cfg.Logging, gate, field.NewPath("logging"))...)
-	return errs
+	return errs, gate
 }
 
 // syncSectionPath is the section whose syncPeriod and minSyncPeriod a mode uses: ipvs and
