@@ -1,0 +1,94 @@
+//go:build conformance
+
+package conformance
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"testing"
+
+	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/netnstest"
+)
+
+var (
+	backendFlag = flag.String("backend", "", "backend under test: iptables, nftables or ipvs (default $SLUICE_BACKEND, else iptables)")
+	dualStack   = flag.Bool("dualstack", os.Getenv("SLUICE_CONFORMANCE_DUALSTACK") == "1",
+		"also run the IPv6 side of the family-aware cases (IPv6 addressing everywhere, dual-stack Service CIDRs)")
+)
+
+// backend is the mode under test, from -backend or $SLUICE_BACKEND.
+func backend() string {
+	if *backendFlag != "" {
+		return *backendFlag
+	}
+	if b := os.Getenv("SLUICE_BACKEND"); b != "" {
+		return b
+	}
+	return "iptables"
+}
+
+// TestMain prepares the binaries outside any namespace (building needs the module cache and
+// possibly the module proxy), then re-executes the tests in a private network namespace
+// (netnstest.Main): that namespace plays the root namespace, holding the apiserver and the
+// bridge the nodes reach it on, so nothing the suite does can touch the machine's own
+// namespace.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if !netnstest.InNetns() {
+		if err := prepareBinaries(); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance:", err)
+			os.Exit(1)
+		}
+	}
+	netnstest.Main(m)
+}
+
+// prepareBinaries makes sure $SLUICE_BIN, $SLUICE_ECHOSERVER, $KUBE_APISERVER and $ETCD name
+// usable binaries, building what is missing, so the re-executed test process inherits them.
+func prepareBinaries() error {
+	dir := filepath.Join(os.TempDir(), "sluice-conformance-bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, b := range []struct{ env, pkg, name string }{
+		{"SLUICE_BIN", "github.com/sluiceproxy/sluice/cmd/sluice", "sluice"},
+		{"SLUICE_ECHOSERVER", "github.com/sluiceproxy/sluice/test/echoserver", "echoserver"},
+	} {
+		if p := os.Getenv(b.env); p != "" {
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("$%s: %w", b.env, err)
+			}
+			continue
+		}
+		// Built under a private name and renamed into place: a concurrent run keeps
+		// executing the file it started with.
+		out := filepath.Join(dir, b.name)
+		tmp := fmt.Sprintf("%s.%d", out, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
+			return fmt.Errorf("building %s (set $%s to use a prebuilt one): %w\n%s", b.pkg, b.env, err, msg)
+		}
+		if err := os.Rename(tmp, out); err != nil {
+			return err
+		}
+		os.Setenv(b.env, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	bins, err := controlplane.FindBinaries(ctx)
+	if err != nil {
+		return err
+	}
+	os.Setenv("KUBE_APISERVER", bins.KubeAPIServer)
+	os.Setenv("ETCD", bins.Etcd)
+	return nil
+}
