@@ -118,3 +118,25 @@ func setFeatureGates(featureGates map[string]bool) (featuregate.MutableVersioned
 	}
 	return gate, nil
 }
+
+// featureGatesHelp lists the gates for --feature-gates' help: component-base's list of the
+// alpha and beta ones, plus the GA and deprecated gates that can still be turned off
+// (component-base leaves those out, but KubeProxyIPVS=false is how to refuse ipvs mode).
+func featureGatesHelp() string {
+	gate := NewFeatureGate()
+	lines := gate.KnownFeatures()
+	var stable []string
+	for name, spec := range gate.GetAll() {
+		if spec.LockToDefault || (spec.PreRelease != featuregate.GA && spec.PreRelease != featuregate.Deprecated) {
+			continue
+		}
+		maturity := string(spec.PreRelease)
+		if maturity == "" {
+			maturity = "GA" // component-base spells GA as ""
+		}
+		stable = append(stable, fmt.Sprintf("%s=true|false (%s - default=%t)", name, maturity, spec.Default))
+	}
+	slices.Sort(stable)
+	return strings.Join(append(lines, stable...), "\n")
+}
+

@@ -111,7 +111,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 
 	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates",
 		"Comma-separated Gate=true|false pairs that turn features on or off. Ignored when --config is given. Known gates:\n"+
-			strings.Join(NewFeatureGate().KnownFeatures(), "\n"))
+			featureGatesHelp())
 
 	fs.StringVar(&c.ClientConnection.Kubeconfig, "kubeconfig", c.ClientConnection.Kubeconfig,
 		"Path to a kubeconfig file with the API server's address and credentials. Without it (and without --master) the in-cluster service account is used.")
@@ -129,7 +129,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(&ipValue{target: &c.BindAddress}, "bind-address",
 		"Overrides which IP sluice treats as this node's primary IP (no socket is bound to it; the name is historical). 0.0.0.0 or :: means: take the Node object's IPs. Ignored when --config is given.")
 	fs.Var(&ipPortValue{target: &c.HealthzBindAddress}, "healthz-bind-address",
-		"IP and port (IP alone takes port 10256) of the health check server; empty disables it. Ignored when --config is given.")
+		"IP and port (IP alone takes port 10256) of the health check server. Only --healthz-port=0 turns the server off (an empty address means the default). Ignored when --config is given.")
 	fs.Var(&ipPortValue{target: &c.MetricsBindAddress}, "metrics-bind-address",
 		"IP and port (IP alone takes port 10249) of the metrics server. Use 0.0.0.0:10249 or [::]:10249 to serve on every interface. Ignored when --config is given.")
 	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail,

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	cliflag "k8s.io/component-base/cli/flag"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/app"
+	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/version"
+)
+
+// execute runs the sluice command line with args and returns the exit code: 0 on success
+// (including --help, --version and --write-config-to), 1 on any error.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmd := newRootCommand(stdout, stderr)
+	cmd.SetArgs(args)
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// newRootCommand builds `sluice`: run the proxy (the default), or the `version` subcommand.
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	opts := config.NewOptions()
+	var printVersion bool
+
+	cmd := &cobra.Command{
+		Use:   "sluice",
+		Short: "A drop-in replacement for kube-proxy",
+		Long: `sluice runs on every node of a Kubernetes cluster. It watches Services and
+EndpointSlices and programs this node's kernel (iptables, nftables or ipvs) so that
+connections to a Service's virtual IPs and ports reach one of its endpoints.
+
+It reads the same KubeProxyConfiguration file (--config) and flags as kube-proxy.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true, // a configuration error is not a usage error
+		SilenceErrors: true, // execute prints the error once
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if printVersion {
+				_, err := fmt.Fprintln(stdout, versionLine())
+				return err
+			}
+			return runProxy(cmd.Context(), cmd.Flags(), opts)
+		},
+	}
+	cmd.CompletionOptions.DisableDefaultCmd = true
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	// Accept --iptables_sync_period as well as --iptables-sync-period, as kube-proxy does.
+	cmd.SetGlobalNormalizationFunc(cliflag.WordSepNormalizeFunc)
+
+	fs := cmd.Flags()
+	opts.AddFlags(fs)
+	fs.BoolVar(&printVersion, "version", false, "Print the version and exit.")
+	_ = cmd.MarkFlagFilename("config", "yaml", "yml", "json")
+
+	cmd.AddCommand(&cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			_, err := fmt.Fprintln(stdout, versionLine())
+			return err
+		},
+	})
+	return cmd
+}
+
+func versionLine() string {
+	return "sluice " + version.Version
+}
+
+// runProxy completes the options, sets up logging, then either writes the configuration
+// (--write-config-to) or hands over to app.Run.
+func runProxy(ctx context.Context, fs *pflag.FlagSet, opts *config.Options) error {
+	if err := opts.Complete(fs); err != nil {
+		return err
+	}
+	if err := logsapi.ValidateAndApplyAsField(&opts.Config.Logging, opts.FeatureGates, field.NewPath("logging")); err != nil {
+		return fmt.Errorf("initializing logging: %w", err)
+	}
+	logger := klog.FromContext(ctx)
+	for _, flag := range opts.IgnoredFlags {
+		logger.Info("Warning: flag ignored because --config is given", "flag", flag, "config", opts.ConfigFile)
+	}
+
+	if opts.WriteConfigTo != "" {
+		if err := config.WriteFile(opts.WriteConfigTo, opts.Config); err != nil {
+			return err
+		}
+		logger.Info("Wrote configuration", "file", opts.WriteConfigTo)
+		return nil
+	}
+	return app.Run(ctx, opts)
+}
