@@ -139,4 +139,3 @@ func featureGatesHelp() string {
 	slices.Sort(stable)
 	return strings.Join(append(lines, stable...), "\n")
 }
-
