@@ -41,7 +41,7 @@ func TestControlPlaneServesSluiceIdentity(t *testing.T) {
 	began := time.Now()
 	cp := controlplane.StartForTest(t, controlplane.Options{})
 	timings := cp.Timings()
-	t.Logf("control plane up in %s at %s: etcd healthy after %s, kube-apiserver /readyz after %s",
+	t.Logf("control plane up in %s at %s: etcd healthy after %s, kube-apiserver ready after %s",
 		time.Since(began).Round(time.Millisecond), cp.URL(), timings.Etcd.Round(time.Millisecond), timings.APIServer.Round(time.Millisecond))
 
 	admin := cp.AdminClient()
@@ -204,7 +204,7 @@ func TestControlPlaneServesSluiceIdentity(t *testing.T) {
 		if err := cp.RestartAPIServer(ctx); err != nil {
 			t.Fatalf("restarting: %v", err)
 		}
-		t.Logf("kube-apiserver restarted in %s (stop and start; /readyz after %s)",
+		t.Logf("kube-apiserver restarted in %s (stop and start; ready after %s)",
 			time.Since(began).Round(time.Millisecond), cp.Timings().APIServer.Round(time.Millisecond))
 
 		select {
@@ -242,7 +242,7 @@ func TestControlPlaneServesSluiceIdentity(t *testing.T) {
 func TestControlPlaneDualStackServiceCIDRs(t *testing.T) {
 	ctx := t.Context()
 	cp := controlplane.StartForTest(t, controlplane.Options{ServiceCIDRs: controlplane.DualStackServiceCIDRs()})
-	t.Logf("dual-stack control plane: kube-apiserver /readyz after %s", cp.Timings().APIServer.Round(time.Millisecond))
+	t.Logf("dual-stack control plane: kube-apiserver ready after %s", cp.Timings().APIServer.Round(time.Millisecond))
 
 	svc := newService("dual")
 	svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyRequireDualStack)
@@ -306,7 +306,7 @@ func TestControlPlaneOnLinkLocalAddress(t *testing.T) {
 	}
 	ctx := t.Context()
 	cp := controlplane.StartForTest(t, controlplane.Options{BindAddress: linkLocalAddress})
-	t.Logf("kube-apiserver on %s: /readyz after %s", cp.URL(), cp.Timings().APIServer.Round(time.Millisecond))
+	t.Logf("kube-apiserver on %s: ready after %s", cp.URL(), cp.Timings().APIServer.Round(time.Millisecond))
 	u, err := url.Parse(cp.URL())
 	if err != nil {
 		t.Fatal(err)

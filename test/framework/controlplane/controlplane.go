@@ -37,8 +37,9 @@ type Options struct {
 	// or "--name". A flag the framework sets itself is replaced, not repeated.
 	ExtraAPIServerFlags []string
 	// LogDir receives etcd.log and kube-apiserver.log (stdout and stderr of each, a
-	// restarted apiserver appending to its file) and keeps them after Stop. Default: a
-	// directory inside the control plane's temporary directory, removed by Stop.
+	// restarted apiserver appending to its file) and keeps them after Stop; give each
+	// control plane its own. Default: a directory inside the control plane's temporary
+	// directory, removed by Stop.
 	LogDir string
 	// ReadyTimeout bounds each wait for a process to become ready (etcd, then
 	// kube-apiserver, at Start and at StartAPIServer). Default 90s, which leaves room for a
@@ -53,8 +54,9 @@ type Options struct {
 type Timings struct {
 	// Etcd is from starting etcd to its /health answering true.
 	Etcd time.Duration
-	// APIServer is from starting kube-apiserver to /readyz answering ok, for the latest
-	// start (Start, StartAPIServer or RestartAPIServer).
+	// APIServer is from starting kube-apiserver to it being ready (/readyz ok and the
+	// bootstrap objects in place), for the latest start (Start, StartAPIServer or
+	// RestartAPIServer).
 	APIServer time.Duration
 	// Start is the whole of Start: certificates, both processes, and the wait for the
 	// bootstrap objects.
@@ -68,9 +70,8 @@ type ControlPlane struct {
 	binaries Binaries
 	timeout  time.Duration
 
-	dir     string // temporary directory with certificates, kubeconfigs, etcd data
-	logDir  string
-	ownLogs bool // logDir is inside dir
+	dir    string // temporary directory with certificates, kubeconfigs, etcd data
+	logDir string
 
 	ca       *certAuthority
 	files    apiServerFiles
@@ -97,8 +98,8 @@ type ControlPlane struct {
 }
 
 // Start runs etcd and kube-apiserver and returns once the apiserver is ready: /readyz
-// answers ok, the "default" Namespace exists and the "kubernetes" ServiceCIDR is ready, so
-// Services can be created at once. ctx bounds the start only; the processes run until
+// answers ok, the "default" and "kube-system" Namespaces and the "kubernetes" Service
+// exist, and the "kubernetes" ServiceCIDR is ready, so Services can be created at once. ctx bounds the start only; the processes run until
 // Stop. On error nothing is left running.
 func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 	started := time.Now()
@@ -147,7 +148,7 @@ func (cp *ControlPlane) start(ctx context.Context, logDir string) error {
 	cp.dir = dir
 	cp.logDir = logDir
 	if cp.logDir == "" {
-		cp.logDir, cp.ownLogs = filepath.Join(dir, "logs"), true
+		cp.logDir = filepath.Join(dir, "logs")
 	}
 	if err := os.MkdirAll(cp.logDir, 0o755); err != nil {
 		return fmt.Errorf("creating log directory: %w", err)
@@ -465,24 +466,34 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-// waitBootstrapObjects waits for what kube-apiserver's controllers create after /readyz
-// already passes: the "default" Namespace, and the "kubernetes" ServiceCIDR being ready
-// (until then, creating a Service fails to allocate a ClusterIP).
+// waitBootstrapObjects waits for what kube-apiserver's controllers create only after
+// /readyz passes: the "default" and "kube-system" Namespaces, the "kubernetes" Service
+// (which every proxy sees), and the "kubernetes" ServiceCIDR being ready (until then,
+// creating a Service fails to allocate a ClusterIP).
 func (cp *ControlPlane) waitBootstrapObjects(ctx context.Context, p *process) error {
 	ctx, cancel := context.WithTimeout(ctx, cp.timeout)
 	defer cancel()
-	last := "not checked yet"
+	missing := func() string {
+		for _, ns := range []string{metav1.NamespaceDefault, metav1.NamespaceSystem} {
+			if _, err := cp.admin.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+				return fmt.Sprintf("namespace %s: %v", ns, err)
+			}
+		}
+		if _, err := cp.admin.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{}); err != nil {
+			return fmt.Sprintf("service default/kubernetes: %v", err)
+		}
+		cidr, err := cp.admin.NetworkingV1().ServiceCIDRs().Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil {
+			return fmt.Sprintf("servicecidr kubernetes: %v", err)
+		}
+		if !conditionTrue(cidr.Status.Conditions, "Ready") {
+			return fmt.Sprintf("servicecidr kubernetes not ready: %v", cidr.Status.Conditions)
+		}
+		return ""
+	}
 	for {
-		_, nsErr := cp.admin.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
-		cidr, cidrErr := cp.admin.NetworkingV1().ServiceCIDRs().Get(ctx, "kubernetes", metav1.GetOptions{})
-		switch {
-		case nsErr != nil:
-			last = fmt.Sprintf("namespace default: %v", nsErr)
-		case cidrErr != nil:
-			last = fmt.Sprintf("servicecidr kubernetes: %v", cidrErr)
-		case !conditionTrue(cidr.Status.Conditions, "Ready"):
-			last = fmt.Sprintf("servicecidr kubernetes not ready: %v", cidr.Status.Conditions)
-		default:
+		last := missing()
+		if last == "" {
 			return nil
 		}
 		select {

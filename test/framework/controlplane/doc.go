@@ -5,7 +5,8 @@
 // default), each on a free port, with TLS, client-certificate authentication, Node and
 // RBAC authorization and a service-account signing key. Every certificate is made in Go
 // at start by a CA of the control plane's own. Start returns once the apiserver serves:
-// /readyz is ok, the "default" Namespace exists and the "kubernetes" ServiceCIDR is ready.
+// /readyz is ok, the "default" and "kube-system" Namespaces and the "kubernetes" Service
+// exist, and the "kubernetes" ServiceCIDR is ready.
 //
 // Two identities come ready-made: AdminKubeconfig/AdminClient (user admin, group
 // system:masters) and ProxyKubeconfig, the user system:kube-proxy that upstream's
