@@ -2,18 +2,20 @@
 # Runs sluice's end-to-end tests (test/e2e, build tag e2e) against a real etcd and
 # kube-apiserver started by test/framework/controlplane.
 #
-#   1. hack/control-plane.sh builds the two binaries if they are not cached yet (about
-#      9 minutes the first time, then instant) and its paths are exported as
-#      KUBE_APISERVER and ETCD, so no test has to run the script again.
-#   2. bin/sluice is built with `make build`, unless make is already running us (make
-#      test-e2e depends on build) or the Makefile has no build target. Its path is
-#      exported as SLUICE_BINARY.
+#   1. Unless $KUBE_APISERVER and $ETCD are set, hack/control-plane.sh builds the two
+#      binaries if they are not cached yet (about 9 minutes the first time, then instant)
+#      and their paths are exported as KUBE_APISERVER and ETCD, so no test has to run the
+#      script again.
+#   2. bin/sluice (and bin/echoserver) are built with `make build`, unless make is already
+#      running us (make test-e2e depends on build), $SLUICE_BIN is set, or the Makefile has
+#      no build target. Their paths are exported as SLUICE_BIN and SLUICE_ECHOSERVER, the
+#      names the conformance suite uses too.
 #   3. go test -tags e2e -count=1 -v ./test/e2e/... runs with a timeout of $E2E_TIMEOUT
 #      (default 20m); the tests log their control plane's start-up time.
 #
 # Usage: hack/test-e2e.sh [go test flags, e.g. -run TestControlPlane]
-# Environment: E2E_TIMEOUT, GOTESTFLAGS (extra go test flags), SLUICE_CACHE, KUBE_VERSION,
-# ETCD_VERSION (see hack/control-plane.sh).
+# Environment: E2E_TIMEOUT, GOTESTFLAGS (extra go test flags), SLUICE_BIN,
+# SLUICE_ECHOSERVER, SLUICE_CACHE, KUBE_VERSION, ETCD_VERSION (see hack/control-plane.sh).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,21 +23,26 @@ cd "$root"
 
 log() { echo "test-e2e: $*" >&2; }
 
-paths="$(hack/control-plane.sh --env)"
-KUBE_APISERVER="$(sed -n 's/^KUBE_APISERVER=//p' <<<"$paths")"
-ETCD="$(sed -n 's/^ETCD=//p' <<<"$paths")"
+if [ -z "${KUBE_APISERVER:-}" ] || [ -z "${ETCD:-}" ]; then
+  paths="$(hack/control-plane.sh --env)" || { log "hack/control-plane.sh failed"; exit 1; }
+  KUBE_APISERVER="${KUBE_APISERVER:-$(sed -n 's/^KUBE_APISERVER=//p' <<<"$paths")}"
+  ETCD="${ETCD:-$(sed -n 's/^ETCD=//p' <<<"$paths")}"
+fi
 export KUBE_APISERVER ETCD
 log "kube-apiserver: $KUBE_APISERVER"
 log "etcd: $ETCD"
 
-if [ -n "${MAKELEVEL:-}" ]; then
-  : # make test-e2e has built bin/sluice already (build is its prerequisite)
+if [ -n "${SLUICE_BIN:-}" ] || [ -n "${MAKELEVEL:-}" ]; then
+  : # given, or built already by make test-e2e (build is its prerequisite)
 elif command -v make >/dev/null && make -n build >/dev/null 2>&1; then
   log "building bin/sluice (make build)"
-  make build
+  make --no-print-directory build
 fi
-if [ -x bin/sluice ]; then
-  export SLUICE_BINARY="${root}/bin/sluice"
+if [ -z "${SLUICE_BIN:-}" ] && [ -x bin/sluice ]; then
+  export SLUICE_BIN="${root}/bin/sluice"
+fi
+if [ -z "${SLUICE_ECHOSERVER:-}" ] && [ -x bin/echoserver ]; then
+  export SLUICE_ECHOSERVER="${root}/bin/echoserver"
 fi
 
 # shellcheck disable=SC2086 # GOTESTFLAGS is a list of flags
