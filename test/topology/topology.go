@@ -318,7 +318,11 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 	settings := []string{"net.ipv4.ip_forward=1",
 		// kube-proxy's rules must see bridged pod-to-pod traffic (hairpin, same-node
 		// Service traffic), as on a real node with br_netfilter.
-		"net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1"}
+		"net.bridge.bridge-nf-call-iptables=1", "net.bridge.bridge-nf-call-ip6tables=1",
+		// A packet for a LoadBalancer IP that arrives before the proxy programs it is
+		// forwarded back out of eth0 to the default gateway; the ICMP redirect that
+		// would follow teaches the sender to bypass this node for minutes.
+		"net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"}
 	if opts.IPv6 {
 		settings = append(settings, "net.ipv6.conf.all.forwarding=1")
 	}
@@ -413,6 +417,16 @@ func (c *Cluster) addPod(n *Node, j int, opts Options) (*Pod, error) {
 func (c *Cluster) addExternal(opts Options) error {
 	h := &Host{Name: "external", NetNS: c.ID + "-external", c: c}
 	if err := c.addNetNS(h.NetNS, opts.IPv6); err != nil {
+		return err
+	}
+	// The client's routes to virtual IPs (Route) must hold whatever a node says: an ICMP
+	// redirect (IPv6 ones cannot be turned off at the sender) would otherwise send it
+	// around the node the test chose.
+	redirects := []string{"net.ipv4.conf.all.accept_redirects=0", "net.ipv4.conf.default.accept_redirects=0"}
+	if opts.IPv6 {
+		redirects = append(redirects, "net.ipv6.conf.all.accept_redirects=0", "net.ipv6.conf.default.accept_redirects=0")
+	}
+	if err := sysctl(h.NetNS, redirects...); err != nil {
 		return err
 	}
 	if err := script(
