@@ -1,0 +1,236 @@
+package nftables
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// The applier sends a plan as a sequence of transactions. Each transaction holds whole
+// groups, so that it is a consistent step: a Service's chains, sets and map elements
+// arrive together, and Services not in the batch are untouched. That keeps forwarding
+// working for everything already programmed while a large table is loaded, and bounds
+// the size of any one netlink message and transaction.
+//
+// When the kernel rejects a batch it says which messages it did not like; the groups of
+// those messages are left out and the rest is sent again. If an error cannot be traced
+// to a group, the batch is split in two and each half retried, until the culprit is
+// alone.
+
+// batchLimits bound one transaction.
+type batchLimits struct {
+	bytes    int
+	messages int
+}
+
+// defaultBatchLimits were chosen by measurement (docs/benchmarks-nftables.md): past a
+// few hundred KiB, bigger batches stop getting cheaper per message, and a commit of this
+// size holds the nf_tables mutex for a few milliseconds only.
+var defaultBatchLimits = batchLimits{bytes: 1 << 20, messages: 8192}
+
+// applyResult tells what happened to each group of a plan.
+type applyResult struct {
+	applied []bool
+	// failed holds the kernel's reason for each Service group it rejected.
+	failed map[types.NamespacedName]error
+	// err is a failure that is not a Service's: the fixed part was rejected, or the
+	// outcome of a batch is unknown.
+	err error
+	// batches counts transactions committed.
+	batches int
+}
+
+type applier struct {
+	c      *conn
+	f      *family
+	limits batchLimits
+}
+
+func (a *applier) apply(p *Plan) *applyResult {
+	res := &applyResult{applied: make([]bool, len(p.groups)), failed: map[types.NamespacedName]error{}}
+	idx := make([]int, 0, len(p.groups))
+	for i := range p.groups {
+		if len(p.groups[i].ops) == 0 {
+			res.applied[i] = true // effects only
+			continue
+		}
+		idx = append(idx, i)
+	}
+	if p.replace {
+		// One transaction, whatever its size: the old table must not be gone before the
+		// new one is complete.
+		a.sendIsolating(p, idx, res)
+		return res
+	}
+	for start := 0; start < len(idx) && res.err == nil; {
+		end, size, msgs := start, 0, 0
+		for end < len(idx) {
+			gs, gm := groupSize(&p.groups[idx[end]])
+			if end > start && (size+gs > a.limits.bytes || msgs+gm > a.limits.messages) {
+				break
+			}
+			size += gs
+			msgs += gm
+			end++
+		}
+		a.sendIsolating(p, idx[start:end], res)
+		start = end
+	}
+	return res
+}
+
+// groupSize estimates the bytes and messages of a group (rule sizes are known; the rest
+// is small).
+func groupSize(g *group) (int, int) {
+	size, msgs := 0, 0
+	for i := range g.ops {
+		o := &g.ops[i]
+		switch o.kind {
+		case opAddRule:
+			msgs++
+			size += 64 + len(o.name)
+			for _, x := range o.rule.exprs {
+				size += len(x) + 4
+			}
+			if a := o.rule.c.anon; a != nil {
+				msgs += 2
+				size += 128
+				for _, e := range a.elems {
+					size += 48 + len(e.key) + len(e.data) + len(e.verdict)
+				}
+			}
+		case opAddElements, opDeleteElements:
+			msgs += 1 + len(o.elems)/500
+			for _, e := range o.elems {
+				size += 32 + len(e.key) + len(e.value) + len(e.comment)
+			}
+		default:
+			msgs++
+			size += 64 + len(o.name)
+		}
+	}
+	return size, msgs
+}
+
+// sendIsolating sends the groups idx as one batch, leaving out groups the kernel
+// rejects, and splitting the batch when a rejection cannot be attributed.
+func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
+	for len(idx) > 0 && res.err == nil {
+		enc := newEncoder(a.f)
+		var where []opRef
+		for _, gi := range idx {
+			g := &p.groups[gi]
+			for oi := range g.ops {
+				before := enc.count
+				enc.encodeOp(&g.ops[oi], gi)
+				for m := before; m < enc.count; m++ {
+					where = append(where, opRef{group: gi, op: oi})
+				}
+			}
+		}
+		errs, err := a.c.sendBatch(enc.b.buf, enc.count)
+		if err != nil {
+			res.err = err
+			return
+		}
+		if len(errs) == 0 {
+			res.batches++
+			for _, gi := range idx {
+				res.applied[gi] = true
+			}
+			return
+		}
+		// Which groups did the kernel object to?
+		bad := map[int]error{}
+		unattributed := false
+		for _, e := range errs {
+			if e.index < 0 || e.index >= len(where) {
+				unattributed = true
+				continue
+			}
+			ref := where[e.index]
+			if _, seen := bad[ref.group]; !seen {
+				bad[ref.group] = fmt.Errorf("%s: %w", p.groups[ref.group].ops[ref.op].describe(), e)
+			}
+		}
+		for gi, e := range bad {
+			if !p.groups[gi].isService() {
+				res.err = fmt.Errorf("fixed part of the table rejected: %w", e)
+				return
+			}
+		}
+		if len(bad) == 0 && unattributed {
+			if len(idx) == 1 {
+				g := &p.groups[idx[0]]
+				e := fmt.Errorf("transaction rejected: %w", errs[0])
+				if !g.isService() {
+					res.err = e
+					return
+				}
+				res.failed[g.service] = e
+				return
+			}
+			mid := len(idx) / 2
+			if p.replace {
+				// Halves of a replacement are not valid transactions; give up.
+				res.err = fmt.Errorf("table replacement rejected: %w", errs[0])
+				return
+			}
+			a.sendIsolating(p, idx[:mid], res)
+			a.sendIsolating(p, idx[mid:], res)
+			return
+		}
+		kept := idx[:0:0]
+		for _, gi := range idx {
+			if e, isBad := bad[gi]; isBad {
+				res.failed[p.groups[gi].service] = e
+				continue
+			}
+			kept = append(kept, gi)
+		}
+		idx = kept
+	}
+}
+
+type opRef struct{ group, op int }
+
+// describe names an op for error messages.
+func (o *op) describe() string {
+	switch o.kind {
+	case opAddTable:
+		return "add table"
+	case opDeleteTable:
+		return "delete table"
+	case opAddChain:
+		return "add chain " + o.name
+	case opFlushChain:
+		return "flush chain " + o.name
+	case opDeleteChain:
+		return "delete chain " + o.name
+	case opAddRule:
+		return "add rule to chain " + o.name
+	case opAddSet:
+		return "add set " + o.name
+	case opDeleteSet:
+		return "delete set " + o.name
+	case opAddElements:
+		return "add elements to " + o.name
+	case opDeleteElements:
+		return "delete elements from " + o.name
+	}
+	return "op"
+}
+
+// isNotSupported reports errors meaning nf_tables is missing from the kernel.
+func isNotSupported(err error) bool {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		switch errno {
+		case syscall.EPROTONOSUPPORT, syscall.EOPNOTSUPP, syscall.EAFNOSUPPORT:
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,348 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// Backend programs the kube-proxy nftables table of one IP family.
+type Backend struct {
+	cfg    dataplane.Config
+	f      *family
+	c      *conn
+	app    *applier
+	logger klog.Logger
+
+	// state is the model of the kernel table; nil until the first (full) Apply.
+	state *tableState
+	// needFull forces the next Apply to read the kernel and plan everything: after a
+	// failure whose effect on the kernel is not known.
+	needFull bool
+	lastFull time.Time
+
+	deleteChainsNow bool
+	localAddrs      func() ([]netip.Addr, error)
+	now             func() time.Time
+	skipValidation  bool
+
+	lastPlan *Plan
+	stats    ApplyStats
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// Option changes how New builds a Backend.
+type Option func(*options)
+
+type options struct {
+	skipLeftovers  bool
+	limits         batchLimits
+	localAddrs     func() ([]netip.Addr, error)
+	now            func() time.Time
+	skipValidation bool
+}
+
+// WithoutLeftoverCleanup skips removing the iptables and ipvs modes' leftovers at start
+// (tests that create many backends in a namespace that never had them).
+func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
+
+// WithBatchLimits bounds each transaction to maxBytes and maxMessages (benchmarks and
+// tests of chunking).
+func WithBatchLimits(maxBytes, maxMessages int) Option {
+	return func(o *options) { o.limits = batchLimits{bytes: maxBytes, messages: maxMessages} }
+}
+
+// WithLocalAddresses replaces the lookup of the node's addresses (for @nodeport-ips).
+func WithLocalAddresses(fn func() ([]netip.Addr, error)) Option {
+	return func(o *options) { o.localAddrs = fn }
+}
+
+// WithClock replaces time.Now.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// withoutValidation lets a bad Service reach the kernel (tests of failure isolation).
+func withoutValidation() Option { return func(o *options) { o.skipValidation = true } }
+
+// New checks that this kernel can run the nftables mode, removes the leftovers of the
+// iptables and ipvs modes, and returns a Backend for cfg.Family. It does not touch the
+// kube-proxy table: the first Apply reads it (whoever wrote it, sluice or upstream
+// kube-proxy) and converges it, without flushing.
+func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, error) {
+	o := options{limits: defaultBatchLimits, localAddrs: interfaceAddrs, now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if cfg.Family != model.IPv4 && cfg.Family != model.IPv6 {
+		return nil, fmt.Errorf("unknown IP family %v", cfg.Family)
+	}
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
+	}
+	kv, err := runningKernel()
+	if err != nil {
+		return nil, fmt.Errorf("check kernel version: %w", err)
+	}
+	if err := checkKernel(kv); err != nil {
+		return nil, err
+	}
+	c, err := openConn()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNFTables(c); err != nil {
+		c.close()
+		return nil, err
+	}
+	f := familyOf(cfg.Family)
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family.String())
+	b := &Backend{
+		cfg: cfg, f: f, c: c, logger: logger,
+		app:             &applier{c: c, f: f, limits: o.limits},
+		needFull:        true,
+		deleteChainsNow: kv.atLeast(6, 2),
+		localAddrs:      o.localAddrs,
+		now:             o.now,
+		skipValidation:  o.skipValidation,
+	}
+	if !o.skipLeftovers {
+		lctx := klog.NewContext(ctx, logger)
+		if err := cleanupIPTablesLeftovers(lctx, f, c); err != nil {
+			logger.Error(err, "Failed to remove iptables leftovers of kube-proxy")
+		}
+		if cfg.Family == model.IPv4 {
+			if err := cleanupIPVSLeftovers(lctx); err != nil {
+				logger.Error(err, "Failed to remove ipvs leftovers of kube-proxy")
+			}
+		}
+	}
+	logger.V(2).Info("Using nftables", "kernel", kv.String(), "mark", markString(b.mark()))
+	return b, nil
+}
+
+// Close releases the netlink socket. The table stays.
+func (b *Backend) Close() error { return b.c.close() }
+
+// Mode implements dataplane.Backend.
+func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeNFTables }
+
+// Family implements dataplane.Backend.
+func (b *Backend) Family() model.IPFamily { return b.cfg.Family }
+
+func (b *Backend) mark() uint32 { return 1 << uint(b.cfg.MasqueradeBit) }
+
+// ApplyStats describes the last Apply, for tests, benchmarks and `sluice status`.
+type ApplyStats struct {
+	Full       bool
+	Replaced   bool
+	Operations int // planned operations (an element counts as one)
+	Groups     int
+	Batches    int // transactions committed
+	Messages   int // netlink messages sent in batches (retries included)
+	Bytes      int // bytes sent in batches
+	Dumps      int // dump requests (full resyncs only)
+	Read       readStats
+	PlanTime   time.Duration
+	ApplyTime  time.Duration
+	ReadTime   time.Duration
+}
+
+// LastStats returns the statistics of the last Apply.
+func (b *Backend) LastStats() ApplyStats { return b.stats }
+
+// Apply implements dataplane.Backend: it plans the changes from the model of the kernel
+// to desired and sends them. A full Apply (asked for, first, after an unknown outcome, or
+// when cfg.SyncPeriod passed since the last one) first reads the table back from the
+// kernel, which repairs drift.
+func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
+	start := b.now()
+	full := changes.Full || b.needFull || b.state == nil ||
+		(b.cfg.SyncPeriod > 0 && start.Sub(b.lastFull) >= b.cfg.SyncPeriod)
+	family := b.cfg.Family.String()
+	before := b.c.stats
+	b.stats = ApplyStats{Full: full}
+
+	in := &planInput{
+		cfg:             b.layout(desired),
+		desired:         desired,
+		full:            full,
+		changed:         changes.Services,
+		deleteChainsNow: b.deleteChainsNow,
+		now:             start,
+		skipValidation:  b.skipValidation,
+	}
+	if ips := desired.Node.IPsOf(b.cfg.Family); len(ips) > 0 {
+		in.nodeIP = ips[0]
+	}
+	prevRecords := map[types.NamespacedName]*serviceRecord{}
+	if b.state != nil {
+		prevRecords = b.state.services
+	}
+	base := b.state
+	if full {
+		if !in.cfg.nodePortMatchAll {
+			addrs, err := b.localAddrs()
+			if err != nil {
+				b.logger.Error(err, "Failed to list node addresses, NodePorts may not work on all of them")
+			}
+			in.localAddrs = addrs
+		}
+		readStart := b.now()
+		st, rs, err := readState(b.c, b.f, b.state)
+		b.stats.Read, b.stats.ReadTime = rs, b.now().Sub(readStart)
+		if err != nil {
+			metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
+			b.needFull = true
+			return dataplane.Result{Err: fmt.Errorf("read the %s table: %w", b.f.name, err), Full: true}
+		}
+		base = st
+		in.prevRecords = prevRecords
+	}
+	in.state = base
+
+	planStart := b.now()
+	p := plan(in)
+	b.stats.PlanTime = b.now().Sub(planStart)
+	b.stats.Replaced = p.replace
+	b.stats.Operations = p.Len()
+	b.stats.Groups = len(p.groups)
+	b.lastPlan = p
+	if klogV := b.logger.V(9); klogV.Enabled() {
+		klogV.Info("Planned nftables changes", "plan", p.String())
+	}
+
+	applyStart := b.now()
+	res := b.app.apply(p)
+	b.stats.ApplyTime = b.now().Sub(applyStart)
+	b.stats.Batches = res.batches
+	b.stats.Messages = b.c.stats.Messages - before.Messages
+	b.stats.Bytes = b.c.stats.BytesSent - before.BytesSent
+	b.stats.Dumps = b.c.stats.Dumps - before.Dumps
+
+	// The model becomes what the kernel now holds: the base plus the groups it took.
+	if p.replace {
+		base = newTableState()
+	}
+	if base == b.state && base != nil {
+		// A partial plan's base is the model itself; it is updated in place.
+	}
+	for i := range p.groups {
+		if res.applied[i] {
+			base.commit(&p.groups[i], start)
+		}
+	}
+	b.state = base
+
+	out := dataplane.Result{Full: full}
+	if len(p.invalid)+len(res.failed) > 0 {
+		out.Failed = map[types.NamespacedName]error{}
+		for svc, err := range p.invalid {
+			out.Failed[svc] = err
+		}
+		for svc, err := range res.failed {
+			out.Failed[svc] = err
+		}
+	}
+	switch {
+	case res.err != nil:
+		out.Err = res.err
+		b.needFull = true
+		metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
+		if errors.Is(res.err, errBatchLost) {
+			b.state = nil
+		}
+	case len(res.failed) > 0:
+		metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
+		b.needFull = false
+	default:
+		b.needFull = false
+	}
+	if full && out.Err == nil {
+		b.lastFull = start
+	}
+	b.logger.V(2).Info("Synced nftables", "full", full, "replaced", p.replace, "services", len(desired.Services),
+		"operations", b.stats.Operations, "batches", b.stats.Batches, "messages", b.stats.Messages,
+		"failed", len(out.Failed), "elapsed", b.now().Sub(start).Seconds())
+	return out
+}
+
+// layout returns the fixed part's inputs for this sync.
+func (b *Backend) layout(desired *model.NodeState) *layoutConfig {
+	return &layoutConfig{
+		f:                b.f,
+		mark:             b.mark(),
+		masqueradeAll:    b.cfg.MasqueradeAll,
+		localDetector:    b.cfg.LocalDetector,
+		nodePortMatchAll: b.cfg.NodePortAddresses.MatchAll,
+		nodePortCIDRs:    b.cfg.NodePortAddresses.CIDRs,
+		serviceCIDRs:     desired.ServiceCIDRs,
+	}
+}
+
+// interfaceAddrs lists the addresses of this network namespace's interfaces.
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list interface addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
+}
+
+// Cleanup deletes the kube-proxy table of one family (for `sluice cleanup` and mode
+// switches), whoever wrote it. A missing table is not an error.
+func Cleanup(ctx context.Context, family model.IPFamily) error {
+	c, err := openConn()
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	f := familyOf(family)
+	if err := deleteTable(c, f); err != nil {
+		metrics.NFTablesCleanupFailuresTotal.WithLabelValues(family.String()).Inc()
+		return err
+	}
+	klog.FromContext(ctx).V(2).Info("Deleted the kube-proxy nftables table", "ipFamily", family.String())
+	return nil
+}
+
+func deleteTable(c *conn, f *family) error {
+	m, err := c.request(unix.NFT_MSG_GETTABLE, byte(f.nf), func(b *msgBuilder) { b.str(unix.NFTA_TABLE_NAME, kubeProxyTable) })
+	if err != nil {
+		if isNotSupported(err) {
+			return nil // no nf_tables, no table
+		}
+		return fmt.Errorf("look up table %s %s: %w", f.name, kubeProxyTable, err)
+	}
+	if m == nil {
+		return nil
+	}
+	enc := newEncoder(f)
+	enc.encodeOp(&op{kind: opDeleteTable, name: kubeProxyTable}, 0)
+	errs, err := c.sendBatch(enc.b.buf, enc.count)
+	if err != nil {
+		return fmt.Errorf("delete table %s %s: %w", f.name, kubeProxyTable, err)
+	}
+	if len(errs) > 0 && errs[0].errno != unix.ENOENT {
+		return fmt.Errorf("delete table %s %s: %w", f.name, kubeProxyTable, errs[0])
+	}
+	return nil
+}

@@ -1,0 +1,240 @@
+package nftables
+
+import (
+	"net/netip"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+)
+
+// chainDef is a chain we want: its rules in order, and for a base chain its hook.
+type chainDef struct {
+	name    string
+	base    *baseSpec
+	comment string
+	rules   []rule
+}
+
+// baseSpec is what attaches a base chain to a netfilter hook.
+type baseSpec struct {
+	typ      string // "filter" or "nat"
+	hook     uint32
+	priority int32
+}
+
+// Named priorities (nft's "dstnat", "filter", "srcnat").
+const (
+	priorityDstNAT = -100
+	priorityFilter = 0
+	prioritySrcNAT = 100
+)
+
+// setDef is a named set or map we want.
+type setDef struct {
+	name     string
+	flags    uint32 // NFT_SET_MAP, NFT_SET_TIMEOUT, NFT_SET_EVAL
+	keyType  uint32
+	keyLen   uint32
+	dataType uint32
+	dataLen  uint32
+	timeout  time.Duration
+	comment  string
+}
+
+// sameKind reports whether the kernel object s can stand for d: equal types, lengths,
+// flags and timeout. Comments and nft's private userdata do not matter.
+func (d *setDef) sameKind(s *setDef) bool {
+	return d.flags == s.flags && d.keyType == s.keyType && d.keyLen == s.keyLen &&
+		d.dataType == s.dataType && d.dataLen == s.dataLen && d.timeout == s.timeout
+}
+
+// layoutConfig is what the fixed part of the table depends on.
+type layoutConfig struct {
+	f             *family
+	mark          uint32
+	masqueradeAll bool
+	localDetector dataplane.LocalDetector
+	// nodePortMatchAll: NodePorts answer on every local address ("fib daddr type local")
+	// rather than on the addresses in @nodeport-ips.
+	nodePortMatchAll bool
+	// nodePortCIDRs select the local addresses that go in @nodeport-ips otherwise.
+	nodePortCIDRs []netip.Prefix
+	serviceCIDRs  []netip.Prefix
+}
+
+// The base chains: upstream's hooks and priorities. The filter chains that must see the
+// destination before DNAT (loadBalancerSourceRanges) run at dstnat-10; the reject/drop
+// checks run at filter priority, after DNAT, so that only traffic no Service took is
+// rejected or dropped.
+var baseChains = []struct {
+	name string
+	spec baseSpec
+}{
+	{filterPreroutingPreDNATChain, baseSpec{"filter", unix.NF_INET_PRE_ROUTING, priorityDstNAT - 10}},
+	{filterOutputPreDNATChain, baseSpec{"filter", unix.NF_INET_LOCAL_OUT, priorityDstNAT - 10}},
+	{filterInputChain, baseSpec{"filter", unix.NF_INET_LOCAL_IN, priorityFilter}},
+	{filterForwardChain, baseSpec{"filter", unix.NF_INET_FORWARD, priorityFilter}},
+	{filterOutputChain, baseSpec{"filter", unix.NF_INET_LOCAL_OUT, priorityFilter}},
+	{natPreroutingChain, baseSpec{"nat", unix.NF_INET_PRE_ROUTING, priorityDstNAT}},
+	{natOutputChain, baseSpec{"nat", unix.NF_INET_LOCAL_OUT, priorityDstNAT}},
+	{natPostroutingChain, baseSpec{"nat", unix.NF_INET_POST_ROUTING, prioritySrcNAT}},
+}
+
+// jumps lists, in order, the rules of the base chains: which regular chain each jumps
+// to, and whether only new connections do. Reject is only valid in input, forward and
+// output with kernels before 5.9, hence the endpoint checks there rather than in
+// prerouting.
+var jumps = []struct {
+	from, to string
+	newOnly  bool
+}{
+	{filterInputChain, nodePortEndpointsCheckChain, true},
+	{filterInputChain, serviceEndpointsCheckChain, true},
+	{filterForwardChain, serviceEndpointsCheckChain, true},
+	{filterOutputChain, serviceEndpointsCheckChain, true},
+	{filterPreroutingPreDNATChain, firewallCheckChain, true},
+	{filterOutputPreDNATChain, firewallCheckChain, true},
+	{natOutputChain, servicesChain, false},
+	{natPreroutingChain, servicesChain, false},
+	{natPostroutingChain, masqueradingChain, false},
+	{filterForwardChain, clusterIPsCheckChain, true},
+	{filterOutputChain, clusterIPsCheckChain, true},
+}
+
+// staticSets returns the named sets and maps every table has.
+func staticSets(c *layoutConfig) []setDef {
+	f := c.f
+	addrProtoPort := concatType(f.addrType, typeInetProto, typeInetService)
+	addrProtoPortLen := uint32(f.addrLn) + 8
+	protoPort := concatType(typeInetProto, typeInetService)
+	vmap := func(name string, keyType, keyLen uint32, comment string) setDef {
+		return setDef{name: name, flags: unix.NFT_SET_MAP, keyType: keyType, keyLen: keyLen,
+			dataType: dataTypeVerdict, comment: comment}
+	}
+	sets := []setDef{
+		{name: clusterIPsSet, keyType: f.addrType, keyLen: uint32(f.addrLn), comment: "Active ClusterIPs"},
+		{name: hairpinConnectionsSet, keyType: concatType(f.addrType, f.addrType, typeInetProto, typeInetService),
+			keyLen: 2*uint32(f.addrLn) + 8, comment: "service hairpin connections"},
+		vmap(firewallIPsMap, addrProtoPort, addrProtoPortLen, "destinations that are subject to LoadBalancerSourceRanges"),
+		vmap(noEndpointNodePortsMap, protoPort, 8, "vmap to drop or reject packets to service nodeports with no endpoints"),
+		vmap(noEndpointServicesMap, addrProtoPort, addrProtoPortLen, "vmap to drop or reject packets to services with no endpoints"),
+		vmap(serviceIPsMap, addrProtoPort, addrProtoPortLen, "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
+		vmap(serviceNodePortsMap, protoPort, 8, "NodePort traffic"),
+	}
+	if !c.nodePortMatchAll {
+		sets = append(sets, setDef{name: nodePortIPsSet, keyType: f.addrType, keyLen: uint32(f.addrLn),
+			comment: "IPs that accept NodePort traffic"})
+	}
+	return sets
+}
+
+// staticChains returns the base chains and the fixed regular chains with their rules.
+func staticChains(c *layoutConfig) []chainDef {
+	f := c.f
+	var out []chainDef
+	rulesOf := map[string][]rule{}
+	for _, j := range jumps {
+		r := rule{terms: []term{jumpTo(j.to)}}
+		if j.newOnly {
+			r.terms = []term{ctStateNew{}, jumpTo(j.to)}
+		}
+		rulesOf[j.from] = append(rulesOf[j.from], r)
+	}
+	for _, bc := range baseChains {
+		spec := bc.spec
+		out = append(out, chainDef{name: bc.name, base: &spec, rules: rulesOf[bc.name]})
+	}
+
+	notLoopback := addrMatch{dir: daddr, neg: true, prefixes: []netip.Prefix{f.loopback}}
+
+	var services []rule
+	switch {
+	case c.masqueradeAll:
+		services = append(services, rule{
+			terms:   []term{addrInSet{dir: daddr, set: clusterIPsSet}, markSetOr{c.mark}},
+			comment: "masquerade all clusterIP traffic",
+		})
+	case !c.localDetector.IsNoOp():
+		// Off-cluster traffic to a ClusterIP (someone routed the Service range to this
+		// node) may come back through another node, so it is masqueraded.
+		services = append(services, rule{
+			terms:   []term{addrInSet{dir: daddr, set: clusterIPsSet}, localMatch(f, c.localDetector, true), markSetOr{c.mark}},
+			comment: "masquerade clusterIP traffic from outside cluster",
+		})
+	}
+	services = append(services, rule{terms: []term{vmapAddrProtoPort{serviceIPsMap}}})
+	if c.nodePortMatchAll {
+		services = append(services, rule{terms: []term{fibLocal{daddr}, notLoopback, vmapProtoPort{serviceNodePortsMap}}})
+	} else {
+		services = append(services, rule{terms: []term{addrInSet{dir: daddr, set: nodePortIPsSet}, vmapProtoPort{serviceNodePortsMap}}})
+	}
+
+	clusterIPsCheck := []rule{{
+		terms:   []term{addrInSet{dir: daddr, set: clusterIPsSet}, rejectTerm{}},
+		comment: "Reject traffic to invalid ports of ClusterIPs",
+	}}
+	if len(c.serviceCIDRs) > 0 {
+		clusterIPsCheck = append(clusterIPsCheck, rule{
+			terms:   []term{addrMatch{dir: daddr, prefixes: c.serviceCIDRs, braces: true}, dropVerdict},
+			comment: "Drop traffic to unallocated ClusterIPs",
+		})
+	}
+
+	var nodePortCheck rule
+	if c.nodePortMatchAll {
+		nodePortCheck = rule{terms: []term{notLoopback, vmapProtoPort{noEndpointNodePortsMap}}}
+	} else {
+		nodePortCheck = rule{terms: []term{addrInSet{dir: daddr, set: nodePortIPsSet}, vmapProtoPort{noEndpointNodePortsMap}}}
+	}
+
+	out = append(out,
+		chainDef{name: servicesChain, rules: services},
+		chainDef{name: masqueradingChain, rules: []rule{
+			{terms: []term{markAndNonZero{c.mark}, markSetXor{c.mark}, masqueradeFullyRandom{}}},
+			{terms: []term{ctStatusDNAT{}, hairpinMatch{}, masqueradeFullyRandom{}}},
+		}},
+		chainDef{name: clusterIPsCheckChain, rules: clusterIPsCheck},
+		chainDef{name: firewallCheckChain, rules: []rule{{terms: []term{vmapAddrProtoPort{firewallIPsMap}}}}},
+		chainDef{name: serviceEndpointsCheckChain, rules: []rule{{terms: []term{vmapAddrProtoPort{noEndpointServicesMap}}}}},
+		chainDef{name: nodePortEndpointsCheckChain, rules: []rule{nodePortCheck}},
+		chainDef{name: rejectChain, comment: "helper for @no-endpoint-services / @no-endpoint-nodeports",
+			rules: []rule{{terms: []term{rejectTerm{}}}}},
+	)
+	return out
+}
+
+// localMatch returns the term matching traffic from this node's pods (neg: traffic not
+// from them), following the detector.
+func localMatch(f *family, d dataplane.LocalDetector, neg bool) term {
+	switch d.Mode {
+	case dataplane.DetectLocalBridgeInterface:
+		return iifname{name: d.Interface, neg: neg}
+	case dataplane.DetectLocalInterfaceNamePrefix:
+		return iifname{name: d.Interface + "*", neg: neg}
+	}
+	return addrMatch{dir: saddr, neg: neg, prefixes: d.CIDRs}
+}
+
+// nodePortAddrs returns the local addresses that accept NodePorts when nodePortAddresses
+// is not match-all: the addresses of this family inside its CIDRs, never a loopback
+// address (nftables mode has no localhost NodePorts).
+func nodePortAddrs(f *family, cidrs []netip.Prefix, local []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range local {
+		a = a.Unmap()
+		if (a.Is4() != (f.addrLn == 4)) || a.IsLoopback() {
+			continue
+		}
+		for _, c := range cidrs {
+			if c.Contains(a) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return slices.Compact(out)
+}

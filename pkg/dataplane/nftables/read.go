@@ -1,0 +1,450 @@
+package nftables
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Reading the table back: the periodic full resync and the start of a process. Chains,
+// named sets and their elements, and rules are dumped once each for the whole table; a
+// chain's rules are only parsed when their handles changed since the previous read, and
+// the anonymous sets of a rule are only dumped then (they are constant: same handles,
+// same content).
+
+// readStats describes one read.
+type readStats struct {
+	chains, rules, sets, elements int
+	parsedChains                  int // chains whose rules were parsed (handles changed)
+	anonReads                     int // anonymous sets dumped
+}
+
+type rawRule struct {
+	handle uint64
+	exprs  []byte
+	udata  []byte
+}
+
+type rawChain struct {
+	base    *baseSpec
+	comment string
+	rules   []rawRule
+}
+
+// readState reads the family's kube-proxy table. prev is the model of the previous read
+// (it lets unchanged chains skip parsing); it is not modified.
+func readState(c *conn, f *family, prev *tableState) (*tableState, readStats, error) {
+	var stats readStats
+	for attempt := 0; ; attempt++ {
+		st, err := readStateOnce(c, f, prev, &stats)
+		if errors.Is(err, errDumpInterrupted) && attempt < 5 {
+			stats = readStats{}
+			continue
+		}
+		return st, stats, err
+	}
+}
+
+func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tableState, error) {
+	fam := byte(f.nf)
+	st := newTableState()
+	if prev != nil {
+		for k, v := range prev.staleChains {
+			st.staleChains[k] = v
+		}
+	}
+
+	tbl, err := c.request(unix.NFT_MSG_GETTABLE, fam, func(b *msgBuilder) {
+		b.str(unix.NFTA_TABLE_NAME, kubeProxyTable)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get table: %w", err)
+	}
+	if tbl == nil {
+		return st, nil
+	}
+	st.exists = true
+	for it := newAttrIter(tbl.data[nfgenHdrLen:]); it.next(); {
+		if it.typ == unix.NFTA_TABLE_FLAGS {
+			st.flags = it.u32()
+		}
+	}
+
+	chains := map[string]*rawChain{}
+	var order []string
+	err = c.dump(unix.NFT_MSG_GETCHAIN, fam, func(b *msgBuilder) { b.str(unix.NFTA_CHAIN_TABLE, kubeProxyTable) },
+		func(m nlMsg) error {
+			var name, table, typ, comment string
+			var hook *baseSpec
+			for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
+				switch it.typ {
+				case unix.NFTA_CHAIN_TABLE:
+					table = it.str()
+				case unix.NFTA_CHAIN_NAME:
+					name = it.str()
+				case unix.NFTA_CHAIN_TYPE:
+					typ = it.str()
+				case unix.NFTA_CHAIN_HOOK:
+					hook = &baseSpec{}
+					for h := newAttrIter(it.val); h.next(); {
+						switch h.typ {
+						case unix.NFTA_HOOK_HOOKNUM:
+							hook.hook = h.u32()
+						case unix.NFTA_HOOK_PRIORITY:
+							hook.priority = int32(h.u32())
+						}
+					}
+				case nftaChainUserdata:
+					comment = udataString(it.val, udataChainComment)
+				}
+			}
+			if table != kubeProxyTable {
+				return nil
+			}
+			if hook != nil {
+				hook.typ = typ
+			}
+			chains[name] = &rawChain{base: hook, comment: comment}
+			order = append(order, name)
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	stats.chains = len(chains)
+
+	anonSets := map[string]*setDef{}
+	err = c.dump(unix.NFT_MSG_GETSET, fam, func(b *msgBuilder) { b.str(unix.NFTA_SET_TABLE, kubeProxyTable) },
+		func(m nlMsg) error {
+			var d setDef
+			var table string
+			for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
+				switch it.typ {
+				case unix.NFTA_SET_TABLE:
+					table = it.str()
+				case unix.NFTA_SET_NAME:
+					d.name = it.str()
+				case unix.NFTA_SET_FLAGS:
+					d.flags = it.u32()
+				case unix.NFTA_SET_KEY_TYPE:
+					d.keyType = it.u32()
+				case unix.NFTA_SET_KEY_LEN:
+					d.keyLen = it.u32()
+				case unix.NFTA_SET_DATA_TYPE:
+					d.dataType = it.u32()
+				case unix.NFTA_SET_DATA_LEN:
+					d.dataLen = it.u32()
+				case unix.NFTA_SET_TIMEOUT:
+					d.timeout = time.Duration(it.u64()) * time.Millisecond
+				case unix.NFTA_SET_USERDATA:
+					d.comment = udataString(it.val, udataSetComment)
+				}
+			}
+			if table != kubeProxyTable {
+				return nil
+			}
+			if d.dataType == dataTypeVerdict {
+				d.dataLen = 0 // the kernel reports sizeof(struct nft_verdict); nft sends 0
+			}
+			if d.flags&unix.NFT_SET_ANONYMOUS != 0 {
+				anonSets[d.name] = &d
+				return nil
+			}
+			// The kernel reports flags it manages itself (a set with a timeout and an
+			// update statement gets "dynamic"); keep only the ones we compare.
+			d.flags &= unix.NFT_SET_MAP | unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL | unix.NFT_SET_INTERVAL | unix.NFT_SET_CONSTANT
+			s := &setState{def: d}
+			st.sets[d.name] = s
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("list sets: %w", err)
+	}
+	stats.sets = len(st.sets)
+
+	err = c.dump(unix.NFT_MSG_GETRULE, fam, func(b *msgBuilder) { b.str(unix.NFTA_RULE_TABLE, kubeProxyTable) },
+		func(m nlMsg) error {
+			var table, chain string
+			var r rawRule
+			for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
+				switch it.typ {
+				case unix.NFTA_RULE_TABLE:
+					table = it.str()
+				case unix.NFTA_RULE_CHAIN:
+					chain = it.str()
+				case unix.NFTA_RULE_HANDLE:
+					r.handle = it.u64()
+				case unix.NFTA_RULE_EXPRESSIONS:
+					r.exprs = slices.Clone(it.val)
+				case unix.NFTA_RULE_USERDATA:
+					r.udata = slices.Clone(it.val)
+				}
+			}
+			if table != kubeProxyTable {
+				return nil
+			}
+			if ch := chains[chain]; ch != nil {
+				ch.rules = append(ch.rules, r)
+			}
+			stats.rules++
+			return nil
+		})
+	if err != nil {
+		return nil, fmt.Errorf("list rules: %w", err)
+	}
+
+	for name, s := range st.sets {
+		if s.def.flags&unix.NFT_SET_EVAL != 0 {
+			continue // the datapath owns its content (affinity)
+		}
+		s.elems = map[string]string{}
+		err := dumpElements(c, fam, name, func(el anonElem) {
+			v := el.verdict
+			if el.data != nil {
+				v = "=" + string(el.data)
+			}
+			s.elems[string(el.key)] = v
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list elements of %s: %w", name, err)
+		}
+		stats.elements += len(s.elems)
+	}
+
+	var fp fingerprinter
+	for _, name := range order {
+		ch := chains[name]
+		handles := make([]uint64, len(ch.rules))
+		for i, r := range ch.rules {
+			handles[i] = r.handle
+		}
+		cs := &chainState{base: ch.base, handles: handles}
+		st.chains[name] = cs
+		if prev != nil {
+			if p := prev.chains[name]; p != nil && p.handles != nil && slices.Equal(p.handles, handles) && !p.fp.isZero() {
+				cs.fp = p.fp
+				continue
+			}
+		}
+		stats.parsedChains++
+		fp.reset()
+		fp.addChainComment(ch.comment)
+		ok := true
+		for _, r := range ch.rules {
+			canon, err := canonicalKernelRule(c, f, r, anonSets, stats)
+			if err != nil {
+				ok = false
+				break
+			}
+			fp.addRule(canon)
+		}
+		if ok {
+			cs.fp = fp.sum()
+		}
+	}
+	return st, nil
+}
+
+// canonicalKernelRule parses a rule read from the kernel into the canonical form of
+// compileRule, dumping its anonymous set when it has one.
+func canonicalKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*setDef, stats *readStats) ([]byte, error) {
+	fam := byte(f.nf)
+	var exprBytes [][]byte
+	var anon *anonSet
+	for it := newAttrIter(r.exprs); it.next(); {
+		if it.typ != unix.NFTA_LIST_ELEM {
+			continue
+		}
+		e, err := parseExpr(fam, it.val)
+		if err != nil {
+			return nil, err
+		}
+		if l, ok := e.(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "__") {
+			d := anonSets[l.SetName]
+			if d == nil {
+				return nil, fmt.Errorf("rule uses unknown anonymous set %s", l.SetName)
+			}
+			anon = &anonSet{flags: d.flags &^ (unix.NFT_SET_ANONYMOUS), keyType: d.keyType, keyLen: d.keyLen,
+				dataType: d.dataType, dataLen: d.dataLen}
+			anon.flags |= unix.NFT_SET_ANONYMOUS
+			anon.flags &= unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL | unix.NFT_SET_MAP
+			if anon.flags&unix.NFT_SET_MAP == 0 {
+				anon.dataType, anon.dataLen = 0, 0
+			}
+			stats.anonReads++
+			err := dumpElements(c, fam, l.SetName, func(el anonElem) { anon.elems = append(anon.elems, el) })
+			if err != nil {
+				return nil, fmt.Errorf("list elements of %s: %w", l.SetName, err)
+			}
+			cp := *l
+			cp.SetName, cp.SetID = "", 0
+			e = &cp
+		}
+		b, err := expr.Marshal(fam, e)
+		if err != nil {
+			return nil, err
+		}
+		exprBytes = append(exprBytes, b)
+	}
+	return canonicalRule(exprBytes, anon, r.udata), nil
+}
+
+var errUnknownExpr = errors.New("unknown expression")
+
+// parseExpr parses one NFTA_LIST_ELEM of a rule into a google/nftables expression.
+func parseExpr(fam byte, b []byte) (expr.Any, error) {
+	var name string
+	var data []byte
+	for it := newAttrIter(b); it.next(); {
+		switch it.typ {
+		case unix.NFTA_EXPR_NAME:
+			name = it.str()
+		case unix.NFTA_EXPR_DATA:
+			data = it.val
+		}
+	}
+	e := exprByName(name)
+	if e == nil {
+		return nil, fmt.Errorf("%w %q", errUnknownExpr, name)
+	}
+	if err := expr.Unmarshal(fam, data, e); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", name, err)
+	}
+	// An immediate into the verdict register is a verdict.
+	if imm, ok := e.(*expr.Immediate); ok && imm.Register == unix.NFT_REG_VERDICT && len(imm.Data) == 0 {
+		v := &expr.Verdict{}
+		if err := expr.Unmarshal(fam, data, v); err != nil {
+			return nil, fmt.Errorf("parse verdict: %w", err)
+		}
+		return v, nil
+	}
+	return e, nil
+}
+
+func exprByName(name string) expr.Any {
+	switch name {
+	case "payload":
+		return &expr.Payload{}
+	case "cmp":
+		return &expr.Cmp{}
+	case "meta":
+		return &expr.Meta{}
+	case "lookup":
+		return &expr.Lookup{}
+	case "immediate":
+		return &expr.Immediate{}
+	case "bitwise":
+		return &expr.Bitwise{}
+	case "ct":
+		return &expr.Ct{}
+	case "fib":
+		return &expr.Fib{}
+	case "nat":
+		return &expr.NAT{}
+	case "masq":
+		return &expr.Masq{}
+	case "numgen":
+		return &expr.Numgen{}
+	case "dynset":
+		return &expr.Dynset{}
+	case "reject":
+		return &expr.Reject{}
+	case "counter":
+		return &expr.Counter{}
+	case "objref":
+		return &expr.Objref{}
+	case "range":
+		return &expr.Range{}
+	case "log":
+		return &expr.Log{}
+	case "limit":
+		return &expr.Limit{}
+	case "redir":
+		return &expr.Redir{}
+	case "hash":
+		return &expr.Hash{}
+	case "rt":
+		return &expr.Rt{}
+	case "exthdr":
+		return &expr.Exthdr{}
+	}
+	return nil
+}
+
+// dumpElements lists the elements of one set.
+func dumpElements(c *conn, fam byte, set string, fn func(anonElem)) error {
+	return c.dump(unix.NFT_MSG_GETSETELEM, fam, func(b *msgBuilder) {
+		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, kubeProxyTable)
+		b.str(unix.NFTA_SET_ELEM_LIST_SET, set)
+	}, func(m nlMsg) error {
+		for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
+			if it.typ != unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				continue
+			}
+			for el := newAttrIter(it.val); el.next(); {
+				fn(parseElement(el.val))
+			}
+		}
+		return nil
+	})
+}
+
+func parseElement(b []byte) anonElem {
+	var out anonElem
+	for it := newAttrIter(b); it.next(); {
+		switch it.typ {
+		case unix.NFTA_SET_ELEM_KEY:
+			for d := newAttrIter(it.val); d.next(); {
+				if d.typ == unix.NFTA_DATA_VALUE {
+					out.key = slices.Clone(d.val)
+				}
+			}
+		case unix.NFTA_SET_ELEM_DATA:
+			for d := newAttrIter(it.val); d.next(); {
+				switch d.typ {
+				case unix.NFTA_DATA_VALUE:
+					out.data = slices.Clone(d.val)
+				case unix.NFTA_DATA_VERDICT:
+					var code int32
+					var chain string
+					for v := newAttrIter(d.val); v.next(); {
+						switch v.typ {
+						case unix.NFTA_VERDICT_CODE:
+							code = int32(v.u32())
+						case unix.NFTA_VERDICT_CHAIN:
+							chain = v.str()
+						}
+					}
+					out.verdict = verdictString(expr.VerdictKind(code), chain)
+				}
+			}
+		case unix.NFTA_SET_ELEM_FLAGS:
+			out.intervalEnd = it.u32()&unix.NFT_SET_ELEM_INTERVAL_END != 0
+		}
+	}
+	return out
+}
+
+// udataString returns the string TLV of type typ in nftables userdata.
+func udataString(b []byte, typ byte) string {
+	for len(b) >= 2 {
+		t, l := b[0], int(b[1])
+		if 2+l > len(b) {
+			break
+		}
+		if t == typ {
+			s := b[2 : 2+l]
+			for len(s) > 0 && s[len(s)-1] == 0 {
+				s = s[:len(s)-1]
+			}
+			return string(s)
+		}
+		b = b[2+l:]
+	}
+	return ""
+}

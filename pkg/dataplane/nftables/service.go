@@ -1,0 +1,336 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// elemDef is one element of a static set or verdict map.
+type elemDef struct {
+	set string
+	key string // raw key bytes, as the kernel stores them
+	// value is the verdict of a map element in nft syntax ("goto service-...", "drop"),
+	// "" for a set element.
+	value   string
+	comment string
+}
+
+// serviceObjects is everything one Service (all its ports) puts in the table.
+type serviceObjects struct {
+	chains []chainDef
+	sets   []setDef // per-endpoint affinity sets
+	elems  []elemDef
+}
+
+// buildService computes the objects of one Service from its ports, or an error when the
+// input cannot be programmed safely (it is then left as it is in the kernel and reported).
+func buildService(c *layoutConfig, nodeIP netip.Addr, ports []*model.ServicePort) (*serviceObjects, error) {
+	out := &serviceObjects{}
+	for _, sp := range ports {
+		if err := validateServicePort(c.f, sp); err != nil {
+			return nil, fmt.Errorf("port %q/%s: %w", sp.Name.Port, sp.Name.Protocol, err)
+		}
+		buildServicePort(c, nodeIP, sp, out)
+	}
+	return out, nil
+}
+
+func validateServicePort(f *family, sp *model.ServicePort) error {
+	switch sp.Name.Protocol {
+	case model.TCP, model.UDP, model.SCTP:
+	default:
+		return fmt.Errorf("unsupported protocol %q", sp.Name.Protocol)
+	}
+	inFamily := func(a netip.Addr) bool { return a.IsValid() && (a.Unmap().Is4() == (f.addrLn == 4)) }
+	if !inFamily(sp.ClusterIP) {
+		return fmt.Errorf("clusterIP %v is not an %v address", sp.ClusterIP, f.model)
+	}
+	if sp.Port < 1 || sp.Port > 65535 {
+		return fmt.Errorf("port %d out of range", sp.Port)
+	}
+	if sp.NodePort < 0 || sp.NodePort > 65535 {
+		return fmt.Errorf("nodePort %d out of range", sp.NodePort)
+	}
+	for _, a := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerVIPs) {
+		if !inFamily(a) {
+			return fmt.Errorf("address %v is not an %v address", a, f.model)
+		}
+	}
+	for _, p := range sp.LoadBalancerSourceRanges {
+		if !p.IsValid() || !inFamily(p.Addr()) {
+			return fmt.Errorf("source range %v is not an %v prefix", p, f.model)
+		}
+	}
+	for _, eps := range [][]model.Endpoint{sp.ClusterEndpoints, sp.LocalEndpoints} {
+		for _, ep := range eps {
+			if !inFamily(ep.IP) || ep.Port < 1 || ep.Port > 65535 {
+				return fmt.Errorf("endpoint %v is not a usable %v endpoint", ep, f.model)
+			}
+		}
+	}
+	if sp.AffinityTimeoutSeconds < 0 {
+		return fmt.Errorf("session affinity timeout %d is negative", sp.AffinityTimeoutSeconds)
+	}
+	return nil
+}
+
+// buildServicePort follows upstream's per-service logic (syncProxyRules in
+// pkg/proxy/nftables), so that the same Service yields the same chains and elements.
+func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort, out *serviceObjects) {
+	f := c.f
+	names := chainNamesFor(sp.Name)
+	proto := protoNumber(sp.Name.Protocol)
+	port := uint16(sp.Port)
+	comment := truncateComment(sp.Name.String())
+	hasEndpoints := sp.HasAnyEndpoints
+	affinity := sp.AffinityTimeoutSeconds > 0
+
+	// Every endpoint either list may send traffic to, once.
+	var reachable []model.Endpoint
+	seen := map[netip.AddrPort]bool{}
+	for _, ep := range slices.Concat(sp.ClusterEndpoints, sp.LocalEndpoints) {
+		if ap := ep.AddrPort(); !seen[ap] {
+			seen[ap] = true
+			reachable = append(reachable, ep)
+		}
+	}
+	for _, ep := range reachable {
+		if ep.IsLocal {
+			// A pod reaching itself through the Service must be masqueraded, or its
+			// reply would never be un-DNATed.
+			out.elems = append(out.elems, elemDef{set: hairpinConnectionsSet,
+				key: keyHairpin(f, ep.IP, proto, uint16(ep.Port))})
+		}
+	}
+
+	usesCluster := len(sp.ClusterEndpoints) > 0 && sp.UsesClusterEndpoints()
+	usesLocal := len(sp.LocalEndpoints) > 0 && sp.UsesLocalEndpoints()
+
+	// A policy's chain exists only when it has endpoints; traffic whose chain does not
+	// exist is dropped (Local policy, no local endpoints) or rejected (no endpoints).
+	internalChain, hasInternal := names.cluster, hasEndpoints && usesCluster
+	if sp.InternalPolicyLocal {
+		internalChain, hasInternal = names.local, hasEndpoints && usesLocal
+	}
+	externalPolicyChain, hasExternal := names.cluster, hasEndpoints && usesCluster
+	if sp.ExternalPolicyLocal {
+		externalPolicyChain, hasExternal = names.local, hasEndpoints && usesLocal
+	}
+	// The external chain exists whenever there are endpoints anywhere: even without
+	// externally usable ones it carries the short-circuit rules for pods and the node.
+	usesExternal := hasEndpoints && sp.ExternallyAccessible()
+
+	internalVerdict, externalVerdict := "drop", "drop"
+	if !hasEndpoints {
+		internalVerdict, externalVerdict = "goto "+rejectChain, "goto "+rejectChain
+	}
+
+	add := func(set, key, value string, withComment bool) {
+		e := elemDef{set: set, key: key, value: value}
+		if withComment {
+			e.comment = comment
+		}
+		out.elems = append(out.elems, e)
+	}
+	ipKey := func(a netip.Addr) string { return keyAddrProtoPort(f, a, proto, port) }
+
+	add(clusterIPsSet, keyAddr(f, sp.ClusterIP), "", false)
+	if hasInternal {
+		add(serviceIPsMap, ipKey(sp.ClusterIP), "goto "+internalChain, false)
+	} else {
+		add(noEndpointServicesMap, ipKey(sp.ClusterIP), internalVerdict, true)
+	}
+	for _, eip := range sp.ExternalIPs {
+		if hasEndpoints {
+			add(serviceIPsMap, ipKey(eip), "goto "+names.external, false)
+		}
+		if !hasExternal {
+			add(noEndpointServicesMap, ipKey(eip), externalVerdict, true)
+		}
+	}
+	usesFirewall := len(sp.LoadBalancerVIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0
+	for _, lb := range sp.LoadBalancerVIPs {
+		if hasEndpoints {
+			add(serviceIPsMap, ipKey(lb), "goto "+names.external, false)
+		}
+		if usesFirewall {
+			add(firewallIPsMap, ipKey(lb), "goto "+names.firewall, false)
+		}
+		if !hasExternal {
+			add(noEndpointServicesMap, ipKey(lb), externalVerdict, true)
+		}
+	}
+	if sp.NodePort != 0 {
+		npKey := keyProtoPort(proto, uint16(sp.NodePort))
+		if hasEndpoints {
+			// NodePorts are not subject to loadBalancerSourceRanges (upstream behaviour).
+			add(serviceNodePortsMap, npKey, "goto "+names.external, false)
+		}
+		if !hasExternal {
+			add(noEndpointNodePortsMap, npKey, externalVerdict, true)
+		}
+	}
+
+	// The external chain: masquerade under Cluster policy; under Local policy keep the
+	// client address, except for traffic from pods and from the node itself, which is
+	// sent to all endpoints as if it had gone out to a load balancer and come back.
+	if usesExternal {
+		var rules []rule
+		if !sp.ExternalPolicyLocal {
+			rules = append(rules, rule{terms: []term{markSetOr{c.mark}}, comment: "masquerade"})
+		} else {
+			shortCircuit := names.cluster
+			if !usesCluster {
+				// Without Cluster endpoints the short-circuit has nowhere else to go.
+				shortCircuit = ""
+				if usesLocal {
+					shortCircuit = names.local
+				}
+			}
+			if shortCircuit != "" && !c.localDetector.IsNoOp() {
+				rules = append(rules, rule{terms: []term{localMatch(f, c.localDetector, false), gotoChain(shortCircuit)},
+					comment: "short-circuit pod traffic"})
+			}
+			rules = append(rules, rule{terms: []term{fibLocal{saddr}, markSetOr{c.mark}}, comment: "masquerade local traffic"})
+			if shortCircuit != "" {
+				rules = append(rules, rule{terms: []term{fibLocal{saddr}, gotoChain(shortCircuit)},
+					comment: "short-circuit local traffic"})
+			}
+		}
+		if hasExternal {
+			rules = append(rules, rule{terms: []term{gotoChain(externalPolicyChain)}})
+		}
+		out.chains = append(out.chains, chainDef{name: names.external, rules: rules})
+	}
+
+	if usesFirewall {
+		sources := slices.Clone(sp.LoadBalancerSourceRanges)
+		allowFromNode := false
+		for _, p := range sp.LoadBalancerSourceRanges {
+			if nodeIP.IsValid() && p.Contains(nodeIP) {
+				allowFromNode = true
+			}
+		}
+		// A VIP often is a local address too; a request from the node to it then comes
+		// back with the VIP as its source, and must be let through.
+		if allowFromNode {
+			for _, lb := range sp.LoadBalancerVIPs {
+				sources = append(sources, netip.PrefixFrom(lb, lb.BitLen()))
+			}
+		}
+		out.chains = append(out.chains, chainDef{name: names.firewall, rules: []rule{{
+			terms: []term{addrMatch{dir: saddr, neg: true, prefixes: sources, braces: true}, dropVerdict},
+		}}})
+	}
+
+	if affinity {
+		timeout := time.Duration(sp.AffinityTimeoutSeconds) * time.Second
+		for _, ep := range reachable {
+			base := endpointNameBase(sp.Name, ep.AddrPort())
+			// "dynamic" must be set: some kernels add it to a set that the datapath
+			// updates, and a later "add" without it would then fail as a change of flags.
+			out.sets = append(out.sets, setDef{name: affinitySetPrefix + base,
+				flags: unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL, keyType: f.addrType,
+				keyLen: uint32(f.addrLn), timeout: timeout})
+			out.chains = append(out.chains, chainDef{name: endpointChainPrefix + base, rules: []rule{
+				{terms: []term{updateSaddr{affinitySetPrefix + base}}},
+				{terms: []term{l4proto{proto}, dnatTo{ep.AddrPort()}}},
+			}})
+		}
+	}
+	if usesCluster {
+		out.chains = append(out.chains, chainDef{name: names.cluster, rules: endpointRules(f, sp, proto, sp.ClusterEndpoints, affinity)})
+	}
+	if usesLocal {
+		out.chains = append(out.chains, chainDef{name: names.local, rules: endpointRules(f, sp, proto, sp.LocalEndpoints, affinity)})
+	}
+}
+
+// endpointRules picks one endpoint per new connection: a plain dnat for one endpoint, a
+// numgen map otherwise; with session affinity, the clients' recent endpoint first.
+func endpointRules(f *family, sp *model.ServicePort, proto byte, eps []model.Endpoint, affinity bool) []rule {
+	if !affinity {
+		if len(eps) == 1 {
+			return []rule{{terms: []term{l4proto{proto}, dnatTo{eps[0].AddrPort()}}}}
+		}
+		to := make([]netip.AddrPort, len(eps))
+		for i, ep := range eps {
+			to[i] = ep.AddrPort()
+		}
+		return []rule{{terms: []term{l4proto{proto}, dnatNumgen{to}}}}
+	}
+	var rules []rule
+	chains := make([]string, len(eps))
+	for i, ep := range eps {
+		base := endpointNameBase(sp.Name, ep.AddrPort())
+		chains[i] = endpointChainPrefix + base
+		rules = append(rules, rule{terms: []term{addrInSet{dir: saddr, set: affinitySetPrefix + base}, gotoChain(chains[i])}})
+	}
+	return append(rules, rule{terms: []term{numgenVmap{chains}}})
+}
+
+// Element keys, encoded as the kernel stores them: each part of a concatenation padded
+// to a multiple of four bytes, addresses and ports in network order.
+
+func keyAddr(f *family, a netip.Addr) string { return string(f.addrBytes(a)) }
+
+func keyAddrProtoPort(f *family, a netip.Addr, proto byte, port uint16) string {
+	b := f.addrBytes(a)
+	b = append(b, proto, 0, 0, 0, byte(port>>8), byte(port), 0, 0)
+	return string(b)
+}
+
+func keyProtoPort(proto byte, port uint16) string {
+	return string([]byte{proto, 0, 0, 0, byte(port >> 8), byte(port), 0, 0})
+}
+
+func keyHairpin(f *family, a netip.Addr, proto byte, port uint16) string {
+	b := f.addrBytes(a)
+	b = append(b, f.addrBytes(a)...)
+	b = append(b, proto, 0, 0, 0, byte(port>>8), byte(port), 0, 0)
+	return string(b)
+}
+
+// renderKey shows a key of one of the static sets in nft syntax.
+func renderKey(f *family, set, key string) string {
+	b := []byte(key)
+	addr := func(i int) string {
+		if i+f.addrLn > len(b) {
+			return "?"
+		}
+		a, _ := netip.AddrFromSlice(b[i : i+f.addrLn])
+		return a.String()
+	}
+	protoPort := func(i int) string {
+		if i+8 > len(b) {
+			return "?"
+		}
+		return protoName(b[i]) + " . " + itoa(int(b[i+4])<<8|int(b[i+5]))
+	}
+	switch set {
+	case clusterIPsSet, nodePortIPsSet:
+		return addr(0)
+	case hairpinConnectionsSet:
+		return addr(0) + " . " + addr(f.addrLn) + " . " + protoPort(2*f.addrLn)
+	case serviceIPsMap, firewallIPsMap, noEndpointServicesMap:
+		return addr(0) + " . " + protoPort(f.addrLn)
+	case serviceNodePortsMap, noEndpointNodePortsMap:
+		return protoPort(0)
+	}
+	return fmt.Sprintf("0x%x", b)
+}
+
+// verdictTarget returns the chain an element value jumps or goes to, or "".
+func verdictTarget(value string) string {
+	if _, chain, ok := strings.Cut(value, " "); ok {
+		return chain
+	}
+	return ""
+}

@@ -1,0 +1,391 @@
+//go:build kernel
+
+package nftables
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+const (
+	quick = 2 * time.Second        // connections that must succeed or be refused
+	slow  = 400 * time.Millisecond // connections that must be dropped (we wait this long)
+)
+
+// trafficServices is the Service set of the packet tests (IPv4): one of each kind.
+func trafficServices(f model.IPFamily) []*model.ServicePort {
+	if f == model.IPv6 {
+		return []*model.ServicePort{
+			svc("t", "cluster", "http", model.TCP, "fd00:172:30::10", 80).endpoints("[fd00:10:180::1]:80@local", "[fd00:10:180::2]:80@local").build(),
+			svc("t", "dns", "dns", model.UDP, "fd00:172:30::11", 53).endpoints("[fd00:10:180::1]:8080@local").build(),
+			svc("t", "nodeport", "http", model.TCP, "fd00:172:30::12", 80).nodePort(30080).endpoints("[fd00:10:180::2]:80@local").build(),
+			svc("t", "local", "http", model.TCP, "fd00:172:30::13", 80).nodePort(30081).etpLocal().endpoints("[fd00:10:180::1]:80@local").build(),
+			svc("t", "nolocal", "http", model.TCP, "fd00:172:30::14", 80).nodePort(30082).etpLocal().endpoints("[fd00:10:180::3]:80").build(),
+			svc("t", "none", "http", model.TCP, "fd00:172:30::15", 80).build(),
+		}
+	}
+	return []*model.ServicePort{
+		svc("t", "cluster", "http", model.TCP, "172.30.0.10", 80).endpoints("10.180.0.1:80@local", "10.180.0.2:80@local").build(),
+		svc("t", "dns", "dns", model.UDP, "172.30.0.11", 53).endpoints("10.180.0.1:8080@local").build(),
+		svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints("10.180.0.2:80@local").build(),
+		svc("t", "local", "http", model.TCP, "172.30.0.13", 80).nodePort(30081).etpLocal().endpoints("10.180.0.1:80@local").build(),
+		svc("t", "nolocal", "http", model.TCP, "172.30.0.14", 80).nodePort(30082).etpLocal().endpoints("10.180.0.3:80").build(),
+		svc("t", "none", "http", model.TCP, "172.30.0.15", 80).build(),
+		svc("t", "lb", "http", model.TCP, "172.30.0.16", 80).lb("5.6.7.8").endpoints("10.180.0.2:80@local").build(),
+		svc("t", "fw", "http", model.TCP, "172.30.0.19", 80).lb("5.6.7.9").sourceRanges("192.168.0.10/32").endpoints("10.180.0.2:80@local").build(),
+		svc("t", "eip", "http", model.TCP, "172.30.0.20", 80).externalIPs("192.168.99.22").endpoints("10.180.0.3:80").build(),
+		svc("t", "sticky", "http", model.TCP, "172.30.0.17", 80).affinity(100).endpoints("10.180.0.1:80@local", "10.180.0.2:80@local", "10.180.0.3:80").build(),
+		svc("t", "hairpin", "http", model.TCP, "172.30.0.18", 80).endpoints("10.180.0.1:80@local").build(),
+		svc("t", "itplocal", "http", model.TCP, "172.30.0.21", 80).itpLocal().endpoints("10.180.0.3:80").build(),
+	}
+}
+
+// trafficSetup builds the topology with three pods and programs trafficServices.
+func trafficSetup(t *testing.T, f model.IPFamily) (*topology, *Backend, *model.NodeState) {
+	t.Helper()
+	resetTable(t)
+	tp := newTopology(t, f)
+	if f == model.IPv6 {
+		tp.addPod("pod-a", "fd00:10:180::1")
+		tp.addPod("pod-b", "fd00:10:180::2")
+		tp.addPod("pod-c", "fd00:10:180::3")
+	} else {
+		tp.addPod("pod-a", "10.180.0.1")
+		tp.addPod("pod-b", "10.180.0.2")
+		tp.addPod("pod-c", "10.180.0.3")
+	}
+	cfg := testConfig(f)
+	b := newTestBackend(t, cfg, WithLocalAddresses(interfaceAddrs))
+	ns := nodeState(f, trafficServices(f)...)
+	mustApply(t, b, ns, model.Changes{Full: true})
+	return tp, b, ns
+}
+
+func TestTrafficIPv4(t *testing.T) {
+	tp, _, _ := trafficSetup(t, model.IPv4)
+	client, podC := tp.client, tp.pods["pod-c"].ns
+
+	t.Run("ClusterIP TCP reaches both endpoints, off-cluster client masqueraded", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := 0; i < 40 && len(seen) < 2; i++ {
+			r, err := tp.tcp(client, netip.Addr{}, ap("172.30.0.10", 80), quick)
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			seen[r.pod] = true
+			if r.peer == clientIP {
+				t.Fatalf("off-cluster traffic to a ClusterIP kept its source %v; want masquerade", r.peer)
+			}
+		}
+		if !seen["pod-a"] || !seen["pod-b"] {
+			t.Fatalf("endpoints reached: %v, want pod-a and pod-b", seen)
+		}
+	})
+	t.Run("ClusterIP from a pod keeps the pod's address", func(t *testing.T) {
+		r, err := tp.tcp(podC, netip.Addr{}, ap("172.30.0.10", 80), quick)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.peer != netip.MustParseAddr("10.180.0.3") {
+			t.Fatalf("source seen %v, want 10.180.0.3", r.peer)
+		}
+	})
+	t.Run("ClusterIP from the node", func(t *testing.T) {
+		if _, err := tp.tcp("", netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("ClusterIP UDP", func(t *testing.T) {
+		r, err := tp.udp(podC, netip.Addr{}, ap("172.30.0.11", 53), quick)
+		if err != nil || r.pod != "pod-a" {
+			t.Fatalf("got %+v, %v; want pod-a", r, err)
+		}
+	})
+	t.Run("NodePort, Cluster policy, masqueraded", func(t *testing.T) {
+		r, err := tp.tcp(client, netip.Addr{}, ap("192.168.0.2", 30080), quick)
+		if err != nil || r.pod != "pod-b" {
+			t.Fatalf("got %+v, %v; want pod-b", r, err)
+		}
+		if r.peer == clientIP {
+			t.Fatalf("NodePort with Cluster policy kept source %v", r.peer)
+		}
+	})
+	t.Run("NodePort, Local policy, source preserved", func(t *testing.T) {
+		r, err := tp.tcp(client, netip.Addr{}, ap("192.168.0.2", 30081), quick)
+		if err != nil || r.pod != "pod-a" {
+			t.Fatalf("got %+v, %v; want pod-a", r, err)
+		}
+		if r.peer != clientIP {
+			t.Fatalf("NodePort with Local policy: source %v, want %v", r.peer, clientIP)
+		}
+	})
+	t.Run("NodePort, Local policy, no local endpoints: dropped", func(t *testing.T) {
+		if _, err := tp.tcp(client, netip.Addr{}, ap("192.168.0.2", 30082), slow); !errors.Is(err, errDropped) {
+			t.Fatalf("got %v, want dropped", err)
+		}
+	})
+	t.Run("NodePort, Local policy, no local endpoints: pods short-circuit to all endpoints", func(t *testing.T) {
+		r, err := tp.tcp(tp.pods["pod-a"].ns, netip.Addr{}, ap("192.168.0.2", 30082), quick)
+		if err != nil || r.pod != "pod-c" {
+			t.Fatalf("got %+v, %v; want pod-c", r, err)
+		}
+	})
+	t.Run("no endpoints: rejected", func(t *testing.T) {
+		for _, ns := range []string{client, podC} {
+			if _, err := tp.tcp(ns, netip.Addr{}, ap("172.30.0.15", 80), quick); !errors.Is(err, errRejected) {
+				t.Fatalf("from %s: got %v, want rejected", ns, err)
+			}
+		}
+	})
+	t.Run("unused port of a ClusterIP: rejected", func(t *testing.T) {
+		if _, err := tp.tcp(podC, netip.Addr{}, ap("172.30.0.10", 9999), quick); !errors.Is(err, errRejected) {
+			t.Fatalf("got %v, want rejected", err)
+		}
+	})
+	t.Run("unallocated ServiceCIDR address: dropped", func(t *testing.T) {
+		if _, err := tp.tcp(podC, netip.Addr{}, ap("172.30.5.5", 80), slow); !errors.Is(err, errDropped) {
+			t.Fatalf("got %v, want dropped", err)
+		}
+	})
+	t.Run("LoadBalancer IP", func(t *testing.T) {
+		r, err := tp.tcp(client, netip.Addr{}, ap("5.6.7.8", 80), quick)
+		if err != nil || r.pod != "pod-b" {
+			t.Fatalf("got %+v, %v; want pod-b", r, err)
+		}
+	})
+	t.Run("loadBalancerSourceRanges", func(t *testing.T) {
+		if r, err := tp.tcp(client, clientIP, ap("5.6.7.9", 80), quick); err != nil || r.pod != "pod-b" {
+			t.Fatalf("allowed source: got %+v, %v", r, err)
+		}
+		if _, err := tp.tcp(client, clientIP2, ap("5.6.7.9", 80), slow); !errors.Is(err, errDropped) {
+			t.Fatalf("source outside the ranges: got %v, want dropped", err)
+		}
+	})
+	t.Run("external IP", func(t *testing.T) {
+		r, err := tp.tcp(client, netip.Addr{}, ap("192.168.99.22", 80), quick)
+		if err != nil || r.pod != "pod-c" {
+			t.Fatalf("got %+v, %v; want pod-c", r, err)
+		}
+	})
+	t.Run("session affinity", func(t *testing.T) {
+		first := ""
+		for i := 0; i < 15; i++ {
+			r, err := tp.tcp(client, netip.Addr{}, ap("172.30.0.17", 80), quick)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first == "" {
+				first = r.pod
+			} else if r.pod != first {
+				t.Fatalf("connection %d went to %s, the first to %s", i, r.pod, first)
+			}
+		}
+	})
+	t.Run("hairpin: a pod reaches itself through its Service, masqueraded", func(t *testing.T) {
+		r, err := tp.tcp(tp.pods["pod-a"].ns, netip.Addr{}, ap("172.30.0.18", 80), quick)
+		if err != nil || r.pod != "pod-a" {
+			t.Fatalf("got %+v, %v; want pod-a", r, err)
+		}
+		if r.peer == netip.MustParseAddr("10.180.0.1") {
+			t.Fatal("hairpin connection was not masqueraded")
+		}
+	})
+	t.Run("internalTrafficPolicy Local without local endpoints: dropped", func(t *testing.T) {
+		if _, err := tp.tcp(podC, netip.Addr{}, ap("172.30.0.21", 80), slow); !errors.Is(err, errDropped) {
+			t.Fatalf("got %v, want dropped", err)
+		}
+	})
+	t.Run("no NodePorts on localhost", func(t *testing.T) {
+		if _, err := tp.tcp("", netip.Addr{}, ap("127.0.0.1", 30080), quick); err == nil {
+			t.Fatal("127.0.0.1:30080 answered")
+		}
+	})
+}
+
+func TestTrafficIPv6(t *testing.T) {
+	tp, _, _ := trafficSetup(t, model.IPv6)
+	client, podC := tp.client, tp.pods["pod-c"].ns
+	if r, err := tp.tcp(client, netip.Addr{}, ap("fd00:172:30::10", 80), quick); err != nil || (r.pod != "pod-a" && r.pod != "pod-b") {
+		t.Fatalf("ClusterIP TCP: %+v, %v", r, err)
+	}
+	if r, err := tp.udp(podC, netip.Addr{}, ap("fd00:172:30::11", 53), quick); err != nil || r.pod != "pod-a" {
+		t.Fatalf("ClusterIP UDP: %+v, %v", r, err)
+	}
+	if r, err := tp.tcp(client, netip.Addr{}, ap("2001:db8::1", 30080), quick); err != nil || r.pod != "pod-b" {
+		t.Fatalf("NodePort: %+v, %v", r, err)
+	}
+	if r, err := tp.tcp(client, clientIPv6, ap("2001:db8::1", 30081), quick); err != nil || r.peer != clientIPv6 {
+		t.Fatalf("NodePort Local: %+v, %v", r, err)
+	}
+	if _, err := tp.tcp(client, netip.Addr{}, ap("2001:db8::1", 30082), slow); !errors.Is(err, errDropped) {
+		t.Fatalf("NodePort Local without local endpoints: %v, want dropped", err)
+	}
+	if _, err := tp.tcp(podC, netip.Addr{}, ap("fd00:172:30::15", 80), quick); !errors.Is(err, errRejected) {
+		t.Fatalf("no endpoints: %v, want rejected", err)
+	}
+	if _, err := tp.tcp(podC, netip.Addr{}, ap("fd00:172:30::10", 9999), quick); !errors.Is(err, errRejected) {
+		t.Fatalf("unused port: %v, want rejected", err)
+	}
+	if _, err := tp.tcp(podC, netip.Addr{}, ap("fd00:172:30::99", 80), slow); !errors.Is(err, errDropped) {
+		t.Fatalf("unallocated address: %v, want dropped", err)
+	}
+}
+
+// prober connects to a Service over and over, counting failures, until stopped.
+type prober struct {
+	ok, failed atomic.Int64
+	lastErr    atomic.Value
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+func startProber(tp *topology, ns string, tcp, udp netip.AddrPort) *prober {
+	p := &prober{stop: make(chan struct{})}
+	run := func(fn func() error) {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for {
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				if err := fn(); err != nil {
+					p.failed.Add(1)
+					p.lastErr.Store(err.Error())
+				} else {
+					p.ok.Add(1)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	if tcp.IsValid() {
+		run(func() error { _, err := tp.tcp(ns, netip.Addr{}, tcp, time.Second); return err })
+	}
+	if udp.IsValid() {
+		run(func() error { _, err := tp.udp(ns, netip.Addr{}, udp, time.Second); return err })
+	}
+	return p
+}
+
+// finish stops the prober and fails the test if any probe failed.
+func (p *prober) finish(t *testing.T) {
+	t.Helper()
+	close(p.stop)
+	p.wg.Wait()
+	if n := p.failed.Load(); n > 0 {
+		t.Errorf("%d of %d probes failed (last: %v)", n, n+p.ok.Load(), p.lastErr.Load())
+	} else {
+		t.Logf("%d probes, none failed", p.ok.Load())
+	}
+	if p.ok.Load() == 0 {
+		t.Error("no probe ran")
+	}
+}
+
+func TestPartialSyncKeepsOthersWorking(t *testing.T) {
+	tp, b, ns := trafficSetup(t, model.IPv4)
+	p := startProber(tp, tp.client, ap("172.30.0.10", 80), ap("172.30.0.11", 53))
+	name := "t/nodeport"
+	for i := 0; i < 61; i++ {
+		eps := []string{"10.180.0.2:80@local"}
+		if i%2 == 1 {
+			eps = []string{"10.180.0.3:80", "10.180.0.1:80@local"}
+		}
+		sp := svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints(eps...).build()
+		ns.SetService(sp.Name.NamespacedName, []*model.ServicePort{sp}, nil)
+		mustApply(t, b, ns, changed(name))
+		if st := b.LastStats(); st.Full || st.Dumps != 0 {
+			t.Fatalf("a partial sync read the kernel: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	p.finish(t)
+	// The changed Service works too.
+	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("192.168.0.2", 30080), quick); err != nil || r.pod != "pod-b" {
+		t.Fatalf("after changes: %+v, %v", r, err)
+	}
+}
+
+func TestDriftIsRepaired(t *testing.T) {
+	tp, b, ns := trafficSetup(t, model.IPv4)
+	b.cfg.SyncPeriod = 50 * time.Millisecond
+	sp := ns.Services[model.ServicePortName{NamespacedName: nsName("t/cluster"), Port: "http", Protocol: model.TCP}]
+	chain := chainNamesFor(sp.Name).cluster
+
+	// Someone deletes our map element and flushes a chain by hand.
+	nft(t, "delete", "element", "ip", kubeProxyTable, serviceIPsMap, "{ 172.30.0.10 . tcp . 80 }")
+	nft(t, "flush", "chain", "ip", kubeProxyTable, chainNamesFor(ns.Services[model.ServicePortName{NamespacedName: nsName("t/nodeport"), Port: "http", Protocol: model.TCP}].Name).cluster)
+	if _, err := tp.tcp(tp.pods["pod-c"].ns, netip.Addr{}, ap("172.30.0.10", 80), quick); err == nil {
+		t.Fatal("the Service still works without its map element; the test is broken")
+	}
+	_ = chain
+
+	// The next sync after syncPeriod (here a partial one, for an unrelated Service)
+	// reads the table back and repairs both.
+	time.Sleep(60 * time.Millisecond)
+	mustApply(t, b, ns, changed("t/none"))
+	st := b.LastStats()
+	if !st.Full {
+		t.Fatalf("no full resync after syncPeriod: %+v", st)
+	}
+	if st.Operations != 3 {
+		t.Errorf("repair planned %d operations, want 3 (element, flush, rule):\n%s", st.Operations, b.lastPlan)
+	}
+	if r, err := tp.tcp(tp.pods["pod-c"].ns, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil {
+		t.Fatalf("ClusterIP after repair: %+v, %v", r, err)
+	}
+	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("192.168.0.2", 30080), quick); err != nil || r.pod != "pod-b" {
+		t.Fatalf("NodePort after repair: %+v, %v", r, err)
+	}
+}
+
+func TestRestartWithoutDisruption(t *testing.T) {
+	tp, _, ns := trafficSetup(t, model.IPv4)
+	p := startProber(tp, tp.client, ap("172.30.0.10", 80), ap("172.30.0.11", 53))
+	time.Sleep(100 * time.Millisecond)
+	for i := 0; i < 3; i++ {
+		// A new process: new socket, empty model, full sync over the existing table.
+		b2 := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(interfaceAddrs))
+		mustApply(t, b2, ns, model.Changes{Full: true})
+		if st := b2.LastStats(); st.Operations != 0 {
+			t.Errorf("restart planned %d operations over an up-to-date table:\n%s", st.Operations, b2.lastPlan)
+		}
+		b2.Close()
+		time.Sleep(50 * time.Millisecond)
+	}
+	p.finish(t)
+}
+
+func TestCleanupLeavesNothing(t *testing.T) {
+	_, _, _ = trafficSetup(t, model.IPv4)
+	b6 := newTestBackend(t, testConfig(model.IPv6))
+	mustApply(t, b6, examples(model.IPv6), model.Changes{Full: true})
+	for _, f := range model.Families {
+		if err := Cleanup(t.Context(), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := nft(t, "list", "ruleset"); out != "" {
+		t.Fatalf("ruleset after cleanup:\n%s", out)
+	}
+	// Cleaning up nothing is fine.
+	if err := Cleanup(t.Context(), model.IPv4); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func nsName(s string) types.NamespacedName {
+	ns, name, _ := cutSlash(s)
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
