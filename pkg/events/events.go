@@ -1,0 +1,79 @@
+// Package events reports to the Kubernetes API, as events.k8s.io/v1 Events, what an
+// operator of a node or a Service owner needs to see without reading sluice's logs: that
+// sluice started on a node, that a Service could not be programmed or has invalid fields,
+// that a health check port could not be opened.
+//
+// Events are written by client-go's events broadcaster (tools/events) with reporting
+// controller "sluice". Warnings about one Service are rate-limited by Reporter: at most one
+// per Service and reason per interval, because the sync loop retries a failing Service on
+// every sync and must not flood the API with Events.
+package events
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+)
+
+// ReportingController is the reportingController of every Event sluice writes.
+const ReportingController = "sluice"
+
+// Reasons of the Events sluice writes. The ones upstream kube-proxy also writes keep
+// upstream's spelling.
+const (
+	// ReasonStarting (Normal, on the Node): sluice started.
+	ReasonStarting = "Starting"
+	// ReasonFailedToProgramService (Warning, on the Service): the backend could not
+	// program the Service; it is retried on every sync.
+	ReasonFailedToProgramService = "FailedToProgramService"
+	// ReasonInvalidService (Warning, on the Service): some fields of the Service or its
+	// EndpointSlices are invalid and were left out; the rest is programmed.
+	ReasonInvalidService = "InvalidService"
+	// ReasonFailedToStartServiceHealthcheck (Warning, on the Service): its
+	// healthCheckNodePort could not be opened.
+	ReasonFailedToStartServiceHealthcheck = "FailedToStartServiceHealthcheck"
+	// ReasonFailedToStartProxierHealthcheck (Warning, on the Node): the /healthz server
+	// could not start.
+	ReasonFailedToStartProxierHealthcheck = "FailedToStartProxierHealthcheck"
+	// ReasonFailedToStartMetricServer (Warning, on the Node): the metrics server could not
+	// start.
+	ReasonFailedToStartMetricServer = "FailedToStartMetricServer"
+)
+
+// Broadcaster owns the client-go events broadcaster that writes Events to the API.
+type Broadcaster struct {
+	broadcaster events.EventBroadcaster
+	recorder    events.EventRecorderLogger
+}
+
+// NewBroadcaster returns a broadcaster that writes events.k8s.io/v1 Events through
+// client. Its recorder's reporting instance is "sluice-<hostname>", as client-go builds it
+// (upstream kube-proxy's is "kube-proxy-<hostname>"); on a hostNetwork DaemonSet pod the
+// hostname is the node's name.
+func NewBroadcaster(client kubernetes.Interface) *Broadcaster {
+	return newBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+}
+
+// newBroadcaster is NewBroadcaster writing to any sink, for tests.
+func newBroadcaster(sink events.EventSink) *Broadcaster {
+	b := events.NewBroadcaster(sink)
+	return &Broadcaster{broadcaster: b, recorder: b.NewRecorder(scheme.Scheme, ReportingController)}
+}
+
+// Recorder returns the recorder to hand to NewReporter. Events recorded before Start are
+// buffered by client-go.
+func (b *Broadcaster) Recorder() events.EventRecorder { return b.recorder }
+
+// Start begins writing recorded Events to the API until ctx ends.
+func (b *Broadcaster) Start(ctx context.Context) error {
+	if err := b.broadcaster.StartRecordingToSinkWithContext(ctx); err != nil {
+		return fmt.Errorf("start writing events: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the broadcaster; Events not yet written are dropped.
+func (b *Broadcaster) Shutdown() { b.broadcaster.Shutdown() }
