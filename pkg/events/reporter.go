@@ -105,10 +105,10 @@ func (r *Reporter) ServiceProblems(name types.NamespacedName, problems []model.P
 }
 
 // ServiceHealthCheckFailed reports that the healthCheckNodePort of Service name could not
-// be opened (FailedToStartServiceHealthcheck, as upstream); it fits
-// health.ServiceHealthConfig.OnListenError. It returns whether an Event was written.
-func (r *Reporter) ServiceHealthCheckFailed(name types.NamespacedName, port int32, err error) bool {
-	return r.serviceWarning(name, ReasonFailedToStartServiceHealthcheck, actionListen,
+// be opened (FailedToStartServiceHealthcheck, as upstream). Its signature is that of
+// health.ServiceHealthConfig.OnListenError, so the method value can be passed there.
+func (r *Reporter) ServiceHealthCheckFailed(name types.NamespacedName, port int32, err error) {
+	r.serviceWarning(name, ReasonFailedToStartServiceHealthcheck, actionListen,
 		fmt.Sprintf("node %s failed to start health check %q on port %d: %v", r.node.Name, name.String(), port, err))
 }
 

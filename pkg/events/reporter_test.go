@@ -78,7 +78,7 @@ func TestServiceWarningsAreRateLimitedPerServiceAndReason(t *testing.T) {
 		{"a fails again at once", 0, func() bool { return r.ServiceFailed(svcA, model.IPv6, boom) }, 0},
 		{"b fails: another Service", 0, func() bool { return r.ServiceFailed(svcB, model.IPv4, boom) }, 1},
 		{"a is invalid: another reason", 0, func() bool { return r.ServiceProblems(svcA, problems) }, 1},
-		{"a's health check port is busy: another reason", 0, func() bool { return r.ServiceHealthCheckFailed(svcA, 30001, boom) }, 1},
+		{"a's health check port is busy: another reason", 0, func() bool { r.ServiceHealthCheckFailed(svcA, 30001, boom); return true }, 1},
 		{"a fails just inside the interval", interval - time.Second, func() bool { return r.ServiceFailed(svcA, model.IPv4, boom) }, 0},
 		{"a fails once the interval has passed", time.Second, func() bool { return r.ServiceFailed(svcA, model.IPv4, boom) }, 1},
 		{"a is invalid again, interval passed", 0, func() bool { return r.ServiceProblems(svcA, problems) }, 1},
@@ -209,3 +209,7 @@ func TestDefaultInterval(t *testing.T) {
 		t.Errorf("interval = %v, want %v", r.interval, DefaultInterval)
 	}
 }
+
+// The method value must fit health.ServiceHealthConfig.OnListenError (checked here by
+// type, without importing pkg/health).
+var _ func(types.NamespacedName, int32, error) = (*Reporter)(nil).ServiceHealthCheckFailed

@@ -103,8 +103,8 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 // programLocked updates b.programmed as a real backend would and returns the injected
 // per-Service failures. It assumes b.mu is held.
 func (b *Backend) programLocked(desired *model.NodeState, changes model.Changes) map[types.NamespacedName]error {
-	todo := changes.Services
-	if changes.Full || todo == nil {
+	todo := changes.Services // nil: nothing changed
+	if changes.Full {
 		// A full apply rewrites everything: every desired Service, and removes whatever
 		// is programmed but no longer desired.
 		todo = desired.ServiceNames().Union(b.programmed.ServiceNames())

@@ -130,6 +130,10 @@ func TestProgrammedFollowsOnlyTheChangesItIsGiven(t *testing.T) {
 	b.Apply(ctx, state(map[types.NamespacedName]int32{svcB: 81}), changed(false, svcA))
 	wantPorts(t, b, map[types.NamespacedName]int32{svcB: 80})
 
+	// A partial apply without a set changes nothing.
+	b.Apply(ctx, state(map[types.NamespacedName]int32{svcB: 83}), model.Changes{})
+	wantPorts(t, b, map[types.NamespacedName]int32{svcB: 80})
+
 	// A full apply catches up with everything.
 	b.Apply(ctx, state(map[types.NamespacedName]int32{svcB: 82, svcC: 80}), changed(true))
 	wantPorts(t, b, map[types.NamespacedName]int32{svcB: 82, svcC: 80})
