@@ -322,9 +322,13 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 		// A packet for a LoadBalancer IP that arrives before the proxy programs it is
 		// forwarded back out of eth0 to the default gateway; the ICMP redirect that
 		// would follow teaches the sender to bypass this node for minutes.
-		"net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"}
+		"net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0",
+		// Refusals are ICMP errors (REJECT, nft reject), which the kernel rate-limits per
+		// client (about one a second after a burst of six). Tests probe the same client
+		// many times a second, so a limited refusal would read as a drop.
+		"net.ipv4.icmp_ratelimit=0"}
 	if opts.IPv6 {
-		settings = append(settings, "net.ipv6.conf.all.forwarding=1")
+		settings = append(settings, "net.ipv6.conf.all.forwarding=1", "net.ipv6.icmp.ratelimit=0")
 	}
 	if err := sysctl(ns, settings...); err != nil {
 		return nil, fmt.Errorf("%w (is br_netfilter loaded?)", err)
