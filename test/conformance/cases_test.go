@@ -3,12 +3,15 @@
 package conformance
 
 import (
+	"bufio"
 	"fmt"
+	"net"
 	"net/netip"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
@@ -41,12 +44,31 @@ var cases = []conformanceCase{
 	{"SCTPClusterIPAndNodePort", sctpClusterIPAndNodePort},
 	{"UnusedClusterIPPort", unusedClusterIPPort},
 	{"LocalhostNodePort", localhostNodePort},
+	{"DeletedServiceStopsAnswering", deletedServiceStopsAnswering},
+	{"ServicePortChange", servicePortChange},
+	{"EndpointsAcrossSlices", endpointsAcrossSlices},
+	{"LocalPolicyDoesNotApplyToClusterClients", localPolicyDoesNotApplyToClusterClients},
+	{"UDPFlowRecoversWhenEndpointsAppear", udpFlowRecoversWhenEndpointsAppear},
 }
 
-// TestConformance builds the environment once and runs every case against it, in
-// parallel (each case owns its namespace, Services and virtual IPs).
+// disruptiveCases restart sluice or the apiserver, which every case depends on: they run
+// alone, before the others.
+var disruptiveCases = []conformanceCase{
+	{"ProxyRestartKeepsTrafficFlowing", proxyRestartKeepsTrafficFlowing},
+	{"APIServerOutageKeepsTrafficFlowing", apiServerOutageKeepsTrafficFlowing},
+}
+
+// TestConformance builds the environment once and runs every case against it: the
+// disruptive ones one by one, then the others in parallel (each case owns its namespace,
+// Services and virtual IPs).
 func TestConformance(t *testing.T) {
 	e := setup(t)
+	for _, c := range disruptiveCases {
+		t.Run(c.name, func(t *testing.T) {
+			e.dumpOnFailure(t)
+			c.run(t, e)
+		})
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -474,5 +496,211 @@ func localhostNodePort(t *testing.T, e *env) {
 		e.expectBackends(t, from(&nodeA.Host), echo.TCP, loopback, "a0", "b0")
 	} else {
 		e.expectResult(t, from(&nodeA.Host), echo.TCP, loopback, echo.Refused, echo.Timeout)
+	}
+}
+
+// Deleting a Service removes everything sluice programmed for it: its ClusterIP is no
+// longer answered, nor refused (no stale reject rule survives).
+func deletedServiceStopsAnswering(t *testing.T, e *env) {
+	a0, _, _, b1 := e.pods()
+	svc := e.createService(t, service(e.namespace(t), "doomed", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
+	e.setEndpoints(t, svc, ready(a0))
+	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
+	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0")
+	if err := e.kube.CoreV1().Services(svc.Namespace).Delete(t.Context(), svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.expectResult(t, from(&b1.Host), echo.TCP, target, echo.Timeout, echo.Unreachable)
+}
+
+// Changing a Service's port moves it: the new port is answered, the old one behaves like
+// any unused ClusterIP port (capabilities.UnusedClusterIPPort).
+func servicePortChange(t *testing.T, e *env) {
+	a0, _, b0, b1 := e.pods()
+	svc := e.createService(t, service(e.namespace(t), "moving", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
+	e.setEndpoints(t, svc, ready(a0), ready(b0))
+	ip := clusterIP(t, svc, corev1.IPv4Protocol)
+	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 80), "a0", "b0")
+	e.updateService(t, svc, func(s *corev1.Service) { s.Spec.Ports[0].Port = 90 })
+	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 90), "a0", "b0")
+	e.expectResult(t, from(&b1.Host), echo.TCP, at(ip, 80), e.caps.UnusedClusterIPPort...)
+}
+
+// A Service's endpoints are the union of all its EndpointSlices; an address listed in two
+// slices counts once, and its ready entry wins over a terminating one.
+func endpointsAcrossSlices(t *testing.T, e *env) {
+	a0, a1, b0, b1 := e.pods()
+	svc := e.createService(t, service(e.namespace(t), "sliced", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
+	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
+	e.setSlice(t, svc, "one", ready(a0))
+	e.setSlice(t, svc, "two", ready(b0), terminating(a0, false))
+	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "b0")
+	e.setSlice(t, svc, "one", ready(a1))
+	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a1", "b0")
+}
+
+// externalTrafficPolicy Local governs external traffic only: a pod, or the node itself,
+// reaching a LoadBalancer IP is sent to any endpoint, even from a node without local ones.
+func localPolicyDoesNotApplyToClusterClients(t *testing.T, e *env) {
+	_, a1, b0, _ := e.pods()
+	nodeA, nodeB := e.nodes()
+	s := service(e.namespace(t), "lb-local-internal", corev1.ServiceTypeLoadBalancer, port("http", corev1.ProtocolTCP, 80))
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc := e.createService(t, s)
+	e.setEndpoints(t, svc, ready(b0))
+	lb := e.vip(t, "192.0.2", nodeB)
+	e.setLoadBalancerIngress(t, svc, lb)
+	e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "b0")
+	e.expectBackends(t, from(&a1.Host), echo.TCP, at(lb, 80), "b0")
+	e.expectBackends(t, from(&nodeA.Host), echo.TCP, at(lb, 80), "b0")
+}
+
+// A UDP client that started sending before the Service had endpoints (refused) gets
+// through, from the same socket, once endpoints appear: the flow's conntrack entry, made
+// without NAT, is cleaned up. Through a ClusterIP from a pod and a NodePort from outside.
+func udpFlowRecoversWhenEndpointsAppear(t *testing.T, e *env) {
+	a0, _, _, b1 := e.pods()
+	nodeA, _ := e.nodes()
+	svc := e.createService(t, service(e.namespace(t), "udp-late", corev1.ServiceTypeNodePort, port("dns", corev1.ProtocolUDP, 53)))
+	e.setEndpoints(t, svc)
+	dns := svcPort(t, svc, "dns")
+	flows := []struct {
+		name   string
+		host   *topology.Host
+		target netip.AddrPort
+	}{
+		{"b1 -> ClusterIP", &b1.Host, at(clusterIP(t, svc, corev1.IPv4Protocol), dns.Port)},
+		{"external -> node-a NodePort", e.topo.External, at(nodeA.IPv4, dns.NodePort)},
+	}
+	clients := make([]*echo.UDPClient, len(flows))
+	for i, f := range flows {
+		u, err := f.host.DialUDP(f.target, netip.Addr{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { u.Close() })
+		clients[i] = u
+		e.eventually(t, f.name+" refused while the Service has no endpoints", func() error {
+			if out := u.Send(500 * time.Millisecond); out.Result != echo.Refused {
+				return fmt.Errorf("from %s: %s", u.LocalAddr(), out)
+			}
+			return nil
+		})
+	}
+	e.setEndpoints(t, svc, ready(a0))
+	for i, f := range flows {
+		u := clients[i]
+		e.eventually(t, f.name+" (same socket) answered by a0 once it has endpoints", func() error {
+			if out := u.Send(500 * time.Millisecond); out.Result != echo.Answered || out.Reply.Pod != "a0" {
+				return fmt.Errorf("from %s: %s", u.LocalAddr(), out)
+			}
+			return nil
+		})
+	}
+}
+
+// Restarting sluice on a node drops nothing: rules stay in place while it is down, the new
+// process takes over without a gap (it must not flush on start), an established
+// connection survives, and the new process programs later changes.
+func proxyRestartKeepsTrafficFlowing(t *testing.T, e *env) {
+	a0, a1, b0, _ := e.pods()
+	nodeA, _ := e.nodes()
+	svc := e.createService(t, service(e.namespace(t), "steady", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
+	e.setEndpoints(t, svc, ready(a0), ready(b0))
+	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
+	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0", "b0")
+	stream := openStream(t, &a1.Host, target)
+
+	watch := watchTraffic(from(&a1.Host), echo.TCP, target, "a0", "b0")
+	e.sluice[nodeA.Name].Stop()
+	time.Sleep(time.Second) // traffic keeps flowing while no proxy runs: that is the point
+	e.startSluice(t, nodeA)
+	e.waitHealthy(t, nodeA)
+	// Let the new process do its first full sync under the watch.
+	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0", "b0")
+	watch.finish(t, "traffic from a1 while sluice on node-a restarted")
+	stream.expectSamePod(t)
+
+	e.setEndpoints(t, svc, ready(a0))
+	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0")
+}
+
+// While the apiserver is down, sluice keeps what it programmed (traffic flows); when the
+// apiserver is back, sluice picks up changes made after the outage.
+func apiServerOutageKeepsTrafficFlowing(t *testing.T, e *env) {
+	a0, a1, b0, b1 := e.pods()
+	svc := e.createService(t, service(e.namespace(t), "outage", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
+	e.setEndpoints(t, svc, ready(a0), ready(b0))
+	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
+	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0", "b0")
+	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "b0")
+
+	watchA := watchTraffic(from(&a1.Host), echo.TCP, target, "a0", "b0")
+	watchB := watchTraffic(from(&b1.Host), echo.TCP, target, "a0", "b0")
+	if err := e.cp.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // an outage: traffic must flow all along
+	e.requireRunning(t)
+	if err := e.cp.StartAPIServer(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	watchA.finish(t, "traffic from a1 during the apiserver outage")
+	watchB.finish(t, "traffic from b1 during the apiserver outage")
+
+	e.setEndpoints(t, svc, ready(b0))
+	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "b0")
+	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "b0")
+}
+
+// stream is one established TCP connection to the echo server, kept open across a
+// disruption.
+type stream struct {
+	conn net.Conn
+	r    *bufio.Reader
+	pod  string
+}
+
+// openStream connects from h to target and reads the first reply.
+func openStream(t *testing.T, h *topology.Host, target netip.AddrPort) *stream {
+	var conn net.Conn
+	if err := h.Do(func() (err error) {
+		conn, err = net.DialTimeout("tcp", target.String(), echo.DefaultTimeout)
+		return err
+	}); err != nil {
+		t.Fatalf("%s -> %s: %v", h.Name, target, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	s := &stream{conn: conn, r: bufio.NewReader(conn)}
+	r := s.exchange(t, false)
+	s.pod = r.Pod
+	return s
+}
+
+// exchange reads one reply line, after sending one line when send is true.
+func (s *stream) exchange(t *testing.T, send bool) echo.Reply {
+	t.Helper()
+	_ = s.conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if send {
+		if _, err := s.conn.Write([]byte("again\n")); err != nil {
+			t.Fatalf("established connection: write: %v", err)
+		}
+	}
+	line, err := s.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("established connection: read: %v", err)
+	}
+	r, err := echo.ParseReply(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// expectSamePod checks that the established connection still talks to its first pod.
+func (s *stream) expectSamePod(t *testing.T) {
+	t.Helper()
+	if r := s.exchange(t, true); r.Pod != s.pod {
+		t.Errorf("established connection now answered by %s, was %s", r.Pod, s.pod)
 	}
 }

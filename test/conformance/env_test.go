@@ -388,12 +388,23 @@ func (ep endpoint) hinted(zone string) endpoint { ep.zoneHint = zone; return ep 
 // setEndpoints writes the Service's EndpointSlices (one per family) so that they hold
 // exactly eps, creating or replacing them.
 func (e *env) setEndpoints(t *testing.T, svc *corev1.Service, eps ...endpoint) {
+	e.setSlice(t, svc, "", eps...)
+}
+
+// setSlice writes one EndpointSlice per family of the Service, named
+// <service>-<family>[-<suffix>], holding exactly eps. Several suffixes give a Service
+// several slices, as the endpointslice controller does past 100 endpoints.
+func (e *env) setSlice(t *testing.T, svc *corev1.Service, suffix string, eps ...endpoint) {
 	ctx := t.Context()
 	for _, fam := range svc.Spec.IPFamilies {
+		name := svc.Name + "-" + strings.ToLower(string(fam))
+		if suffix != "" {
+			name += "-" + suffix
+		}
 		slice := &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{
 				Namespace: svc.Namespace,
-				Name:      svc.Name + "-" + strings.ToLower(string(fam)),
+				Name:      name,
 				Labels: map[string]string{
 					discoveryv1.LabelServiceName: svc.Name,
 					discoveryv1.LabelManagedBy:   "conformance.sluice.test",
@@ -620,4 +631,54 @@ func httpGet(h *topology.Host, url string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// trafficWatch probes from a client in the background, to prove that traffic never stops
+// while something is disrupted (a proxy restart, an apiserver outage).
+type trafficWatch struct {
+	stop     chan struct{}
+	done     chan struct{}
+	probes   int
+	failures []string
+}
+
+// watchTraffic starts probing target from c every 50ms until the returned watch is
+// stopped. Every probe must be answered by one of the pods in want.
+func watchTraffic(c client, proto echo.Protocol, target netip.AddrPort, want ...string) *trafficWatch {
+	w := &trafficWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			out := c.probe(proto, target, 0)
+			w.probes++
+			ok := out.Result == echo.Answered
+			if ok {
+				ok = false
+				for _, p := range want {
+					ok = ok || out.Reply.Pod == p
+				}
+			}
+			if !ok {
+				w.failures = append(w.failures, time.Now().Format("15:04:05.000")+" "+out.String())
+			}
+		}
+	}()
+	return w
+}
+
+// finish stops the watch and fails t if any probe failed.
+func (w *trafficWatch) finish(t *testing.T, what string) {
+	t.Helper()
+	close(w.stop)
+	<-w.done
+	if len(w.failures) > 0 {
+		t.Errorf("%s: %d of %d probes failed, first ones: %v", what, len(w.failures), w.probes, w.failures[:min(5, len(w.failures))])
+	} else {
+		t.Logf("%s: all %d probes answered", what, w.probes)
+	}
 }
