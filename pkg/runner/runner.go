@@ -76,6 +76,11 @@ func New(cfg Config, fn func(ctx context.Context) error) (*BoundedFrequencyRunne
 	return newWithClock(cfg, fn, clock.RealClock{})
 }
 
+// NewWithClock is New with an injected clock, for tests of the runner's callers.
+func NewWithClock(cfg Config, fn func(ctx context.Context) error, c clock.Clock) (*BoundedFrequencyRunner, error) {
+	return newWithClock(cfg, fn, c)
+}
+
 // newWithClock is New with an injected clock, for tests.
 func newWithClock(cfg Config, fn func(ctx context.Context) error, c clock.Clock) (*BoundedFrequencyRunner, error) {
 	if fn == nil {
