@@ -323,4 +323,3 @@ func waitForTimers(t *testing.T, fc *clocktesting.FakeClock) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-
