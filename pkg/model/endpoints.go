@@ -5,17 +5,29 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// parsedSlice is one EndpointSlice of the right family, parsed once for all Service ports.
-type parsedSlice struct {
-	ports []slicePort
-	// endpoints are the slice's valid endpoints with Port unset.
+// endpointScratch holds one ComputeService call's parsed EndpointSlices. It is pooled:
+// parsing into fresh slices cost several allocations per Service, which at 10 000
+// Services is most of a cold start and, through the garbage collector, of every sync.
+type endpointScratch struct {
+	chosen []*discoveryv1.EndpointSlice
+	slices []parsedSlice
+	// ports and endpoints back every parsedSlice's ranges.
+	ports     []slicePort
 	endpoints []Endpoint
+}
+
+// parsedSlice is one EndpointSlice of the right family: ranges of the scratch's ports and
+// of its endpoints (valid ones only, Port unset).
+type parsedSlice struct {
+	portsFrom, portsTo int
+	epsFrom, epsTo     int
 }
 
 // slicePort is one valid port of an EndpointSlice.
@@ -25,8 +37,24 @@ type slicePort struct {
 	port     int32
 }
 
-// serviceEndpoints holds the parsed EndpointSlices of one Service, in slice-name order.
-type serviceEndpoints []parsedSlice
+// maxPooledEndpoints bounds the scratch kept in the pool, so that one huge Service does not
+// pin its buffer for the life of the process.
+const maxPooledEndpoints = 4096
+
+var scratchPool = sync.Pool{New: func() any { return new(endpointScratch) }}
+
+func getScratch() *endpointScratch { return scratchPool.Get().(*endpointScratch) }
+
+// release clears the scratch (it must not keep API strings alive) and pools it.
+func (sc *endpointScratch) release() {
+	clear(sc.chosen)
+	clear(sc.endpoints)
+	clear(sc.ports)
+	sc.chosen, sc.slices, sc.ports, sc.endpoints = sc.chosen[:0], sc.slices[:0], sc.ports[:0], sc.endpoints[:0]
+	if cap(sc.endpoints) <= maxPooledEndpoints && cap(sc.chosen) <= maxPooledEndpoints {
+		scratchPool.Put(sc)
+	}
+}
 
 // addressTypeOf returns the EndpointSlice address type holding family's addresses.
 func addressTypeOf(family IPFamily) discoveryv1.AddressType {
@@ -46,12 +74,11 @@ func ServiceNameOf(slice *discoveryv1.EndpointSlice) (types.NamespacedName, bool
 	return types.NamespacedName{Namespace: slice.Namespace, Name: name}, true
 }
 
-// parseSlices parses the EndpointSlices of service that hold family's addresses. Slices
-// are taken in name order so that the result never depends on the order the caller (an
-// informer index, a list) happened to give them in.
-func parseSlices(service types.NamespacedName, all []*discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, problems *problemList) serviceEndpoints {
+// parseSlices parses the EndpointSlices of service that hold family's addresses into sc.
+// Slices are taken in name order so that the result never depends on the order the caller
+// (an informer index, a list) happened to give them in.
+func (sc *endpointScratch) parseSlices(service types.NamespacedName, all []*discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, problems *problemList) {
 	want := addressTypeOf(family)
-	var chosen []*discoveryv1.EndpointSlice
 	for _, s := range all {
 		if s == nil || s.AddressType != want {
 			continue // other families, FQDN
@@ -62,31 +89,27 @@ func parseSlices(service types.NamespacedName, all []*discoveryv1.EndpointSlice,
 		if _, headless := s.Labels[v1.IsHeadlessService]; headless {
 			continue // upstream's informer never sees these
 		}
-		chosen = append(chosen, s)
+		sc.chosen = append(sc.chosen, s)
 	}
-	if len(chosen) == 0 {
-		return nil
+	if len(sc.chosen) > 1 {
+		slices.SortStableFunc(sc.chosen, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	}
-	if len(chosen) > 1 {
-		slices.SortStableFunc(chosen, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
+	for _, s := range sc.chosen {
+		sc.parseSlice(s, family, node, problems)
 	}
-	out := make(serviceEndpoints, 0, len(chosen))
-	for _, s := range chosen {
-		p := parseSlice(s, family, node, problems)
-		if len(p.ports) > 0 && len(p.endpoints) > 0 {
-			out = append(out, p)
-		}
-	}
-	return out
 }
 
-// parseSlice parses the ports and endpoints of one slice; invalid ones are left out.
-func parseSlice(s *discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, problems *problemList) parsedSlice {
-	object := "EndpointSlice " + s.Namespace + "/" + s.Name
-	var p parsedSlice
+// sliceObject names a slice in a Problem.
+func sliceObject(s *discoveryv1.EndpointSlice) string {
+	return "EndpointSlice " + s.Namespace + "/" + s.Name
+}
+
+// parseSlice parses the ports and endpoints of one slice into sc; invalid ones are left out.
+func (sc *endpointScratch) parseSlice(s *discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, problems *problemList) {
+	p := parsedSlice{portsFrom: len(sc.ports), epsFrom: len(sc.endpoints)}
 	for i := range s.Ports {
 		sp := &s.Ports[i]
-		field := fmt.Sprintf("ports[%d]", i)
+		field := path{"ports", i}
 		var name string
 		if sp.Name != nil {
 			name = *sp.Name // nil is the API default, ""
@@ -97,7 +120,7 @@ func parseSlice(s *discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, pr
 		}
 		protocol, ok := parseProtocol(proto)
 		if !ok {
-			problems.add(object, field+".protocol", "unknown protocol %s; port ignored", quote(proto))
+			problems.add(sliceObject(s), field.at(".protocol"), "unknown protocol %s; port ignored", quote(proto))
 			continue
 		}
 		if sp.Port == nil || !validPort(*sp.Port) {
@@ -106,34 +129,34 @@ func parseSlice(s *discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, pr
 			if sp.Port != nil {
 				port = fmt.Sprint(*sp.Port)
 			}
-			problems.add(object, field+".port", "%s is not a valid port; port ignored", port)
+			problems.add(sliceObject(s), field.at(".port"), "%s is not a valid port; port ignored", port)
 			continue
 		}
-		if slices.ContainsFunc(p.ports, func(o slicePort) bool { return o.name == name && o.protocol == protocol }) {
-			problems.add(object, field+".name", "another port is named %s for %s; port ignored", quote(name), protocol)
+		if slices.ContainsFunc(sc.ports[p.portsFrom:], func(o slicePort) bool { return o.name == name && o.protocol == protocol }) {
+			problems.add(sliceObject(s), field.at(".name"), "another port is named %s for %s; port ignored", quote(name), protocol)
 			continue
 		}
-		p.ports = append(p.ports, slicePort{name: name, protocol: protocol, port: *sp.Port})
+		sc.ports = append(sc.ports, slicePort{name: name, protocol: protocol, port: *sp.Port})
 	}
-	if len(p.ports) == 0 {
-		return p
+	p.portsTo = len(sc.ports)
+	if p.portsTo == p.portsFrom {
+		return // no usable port: the endpoints cannot be used either
 	}
 
-	p.endpoints = make([]Endpoint, 0, len(s.Endpoints))
 	for i := range s.Endpoints {
 		ep := &s.Endpoints[i]
 		if len(ep.Addresses) == 0 {
-			problems.add(object, fmt.Sprintf("endpoints[%d].addresses", i), "endpoint has no address; ignored")
+			problems.add(sliceObject(s), path{"endpoints", i}.at(".addresses"), "endpoint has no address; ignored")
 			continue
 		}
 		// Like upstream, only the first address is used: the API says they are fungible.
 		addr, err := parseIP(ep.Addresses[0])
 		if err != nil {
-			problems.add(object, fmt.Sprintf("endpoints[%d].addresses[0]", i), "%v; endpoint ignored", err)
+			problems.add(sliceObject(s), path{"endpoints", i}.at(".addresses[0]"), "%v; endpoint ignored", err)
 			continue
 		}
 		if FamilyOf(addr) != family {
-			problems.add(object, fmt.Sprintf("endpoints[%d].addresses[0]", i), "%s is not an %s address; endpoint ignored", addr, family)
+			problems.add(sliceObject(s), path{"endpoints", i}.at(".addresses[0]"), "%s is not an %s address; endpoint ignored", addr, family)
 			continue
 		}
 		e := Endpoint{
@@ -153,9 +176,12 @@ func parseSlice(s *discoveryv1.EndpointSlice, family IPFamily, node NodeInfo, pr
 			e.ZoneHints = hintNames(h.ForZones, func(z discoveryv1.ForZone) string { return z.Name })
 			e.NodeHints = hintNames(h.ForNodes, func(n discoveryv1.ForNode) string { return n.Name })
 		}
-		p.endpoints = append(p.endpoints, e)
+		sc.endpoints = append(sc.endpoints, e)
 	}
-	return p
+	p.epsTo = len(sc.endpoints)
+	if p.epsTo > p.epsFrom {
+		sc.slices = append(sc.slices, p)
+	}
 }
 
 // hintNames returns the names of hints, nil when there are none.
@@ -172,30 +198,25 @@ func hintNames[H any](hints []H, name func(H) string) []string {
 
 // forPort returns the endpoints of the Service port named name over protocol: the endpoints
 // of every slice port with that name and protocol (the EndpointSlice controller has already
-// resolved named target ports into numbers), sorted by ip:port, one per ip:port.
-func (se serviceEndpoints) forPort(name string, protocol Protocol) []Endpoint {
-	type candidate struct {
-		slice, port int
-	}
+// resolved named target ports into numbers), sorted by ip:port, one per ip:port. The result
+// is freshly allocated, sized exactly, and shares nothing with the scratch.
+func (sc *endpointScratch) forPort(name string, protocol Protocol) []Endpoint {
 	n := 0
-	var matches [8]candidate
-	found := matches[:0]
-	for si := range se {
-		for pi, sp := range se[si].ports {
-			if sp.name == name && sp.protocol == protocol {
-				found = append(found, candidate{si, pi})
-				n += len(se[si].endpoints)
-				break // parseSlice dropped duplicate names
-			}
+	for _, ps := range sc.slices {
+		if _, ok := sc.portOf(ps, name, protocol); ok {
+			n += ps.epsTo - ps.epsFrom
 		}
 	}
 	if n == 0 {
 		return nil
 	}
 	out := make([]Endpoint, 0, n)
-	for _, c := range found {
-		port := se[c.slice].ports[c.port].port
-		for _, e := range se[c.slice].endpoints {
+	for _, ps := range sc.slices {
+		port, ok := sc.portOf(ps, name, protocol)
+		if !ok {
+			continue
+		}
+		for _, e := range sc.endpoints[ps.epsFrom:ps.epsTo] {
 			e.Port = port
 			out = append(out, e)
 		}
@@ -203,6 +224,16 @@ func (se serviceEndpoints) forPort(name string, protocol Protocol) []Endpoint {
 	// Clipped, so that an append by a reader reallocates instead of writing into the
 	// array ClusterEndpoints may share.
 	return slices.Clip(dedupeEndpoints(out))
+}
+
+// portOf returns the number of the slice port named name over protocol.
+func (sc *endpointScratch) portOf(ps parsedSlice, name string, protocol Protocol) (int32, bool) {
+	for _, sp := range sc.ports[ps.portsFrom:ps.portsTo] {
+		if sp.name == name && sp.protocol == protocol {
+			return sp.port, true
+		}
+	}
+	return 0, false
 }
 
 // dedupeEndpoints sorts endpoints by ip:port and keeps one per ip:port. The same address

@@ -158,18 +158,20 @@ func endpointStrings(eps []Endpoint) []string {
 	return out
 }
 
-// fakeSource is an in-memory Source: a map of Services and an index of EndpointSlices by
+// fakeSource is an in-memory Source: Services by name and EndpointSlices indexed by
 // Service, like the informer indexers it stands in for.
 type fakeSource struct {
-	mu       sync.RWMutex
-	services map[types.NamespacedName]*v1.Service
-	slices   map[types.NamespacedName]*discoveryv1.EndpointSlice // by namespace/slice name
+	mu        sync.RWMutex
+	services  map[types.NamespacedName]*v1.Service
+	slices    map[types.NamespacedName]*discoveryv1.EndpointSlice // by namespace/slice name
+	byService map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
 }
 
 func newFakeSource() *fakeSource {
 	return &fakeSource{
-		services: map[types.NamespacedName]*v1.Service{},
-		slices:   map[types.NamespacedName]*discoveryv1.EndpointSlice{},
+		services:  map[types.NamespacedName]*v1.Service{},
+		slices:    map[types.NamespacedName]*discoveryv1.EndpointSlice{},
+		byService: map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
 	}
 }
 
@@ -184,10 +186,8 @@ func (s *fakeSource) EndpointSlices(name types.NamespacedName) []*discoveryv1.En
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []*discoveryv1.EndpointSlice
-	for _, sl := range s.slices {
-		if n, ok := ServiceNameOf(sl); ok && n == name {
-			out = append(out, sl)
-		}
+	for _, sl := range s.byService[name] {
+		out = append(out, sl)
 	}
 	return out
 }
@@ -215,7 +215,14 @@ func (s *fakeSource) putSlice(sl *discoveryv1.EndpointSlice) *discoveryv1.Endpoi
 	defer s.mu.Unlock()
 	key := types.NamespacedName{Namespace: sl.Namespace, Name: sl.Name}
 	old := s.slices[key]
+	s.unindex(old)
 	s.slices[key] = sl
+	if name, ok := ServiceNameOf(sl); ok {
+		if s.byService[name] == nil {
+			s.byService[name] = map[string]*discoveryv1.EndpointSlice{}
+		}
+		s.byService[name][sl.Name] = sl
+	}
 	return old
 }
 
@@ -223,8 +230,21 @@ func (s *fakeSource) deleteSlice(key types.NamespacedName) *discoveryv1.Endpoint
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.slices[key]
+	s.unindex(old)
 	delete(s.slices, key)
 	return old
+}
+
+func (s *fakeSource) unindex(sl *discoveryv1.EndpointSlice) {
+	if sl == nil {
+		return
+	}
+	if name, ok := ServiceNameOf(sl); ok {
+		delete(s.byService[name], sl.Name)
+		if len(s.byService[name]) == 0 {
+			delete(s.byService, name)
+		}
+	}
 }
 
 // all returns every object, in a stable order.

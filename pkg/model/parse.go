@@ -118,5 +118,16 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	return prefix.Masked(), nil
 }
 
+// path is a field path such as spec.ports[2].nodePort, formatted only when a problem is
+// reported: most objects have none, and formatting every path would cost an allocation
+// per port and per slice.
+type path struct {
+	base  string
+	index int
+}
+
+// at returns the path of the element followed by suffix (".port", "" ...).
+func (p path) at(suffix string) string { return fmt.Sprintf("%s[%d]%s", p.base, p.index, suffix) }
+
 // validPort reports whether p can be a TCP/UDP/SCTP port number.
 func validPort(p int32) bool { return p > 0 && p < 65536 }

@@ -76,28 +76,30 @@ func ComputeService(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node N
 
 	base := serviceBase(svc, family, opts, problems)
 	base.ClusterIP = clusterIP
-	endpoints := parseSlices(name, slices, family, node, problems)
+	endpoints := getScratch()
+	defer endpoints.release()
+	endpoints.parseSlices(name, slices, family, node, problems)
 
 	ports := make([]*ServicePort, 0, len(svc.Spec.Ports))
 	seen := newPortSet(len(svc.Spec.Ports))
 	for i := range svc.Spec.Ports {
 		spec := &svc.Spec.Ports[i]
-		field := fmt.Sprintf("spec.ports[%d]", i)
+		field := path{"spec.ports", i}
 		protocol, ok := parseProtocol(string(spec.Protocol))
 		if !ok {
-			problems.add("Service", field+".protocol", "unknown protocol %s; port ignored", quote(string(spec.Protocol)))
+			problems.add("Service", field.at(".protocol"), "unknown protocol %s; port ignored", quote(string(spec.Protocol)))
 			continue
 		}
 		if !validPort(spec.Port) {
-			problems.add("Service", field+".port", "%d is not a valid port; port ignored", spec.Port)
+			problems.add("Service", field.at(".port"), "%d is not a valid port; port ignored", spec.Port)
 			continue
 		}
 		if !seen.addName(spec.Name, protocol) {
-			problems.add("Service", field+".name", "another port is named %s for %s; port ignored", quote(spec.Name), protocol)
+			problems.add("Service", field.at(".name"), "another port is named %s for %s; port ignored", quote(spec.Name), protocol)
 			continue
 		}
 		if !seen.addPort(spec.Port, protocol) {
-			problems.add("Service", field+".port", "port %d/%s is listed twice; port ignored", spec.Port, protocol)
+			problems.add("Service", field.at(".port"), "port %d/%s is listed twice; port ignored", spec.Port, protocol)
 			continue
 		}
 
@@ -105,10 +107,11 @@ func ComputeService(svc *v1.Service, slices []*discoveryv1.EndpointSlice, node N
 		*sp = base
 		sp.Name = ServicePortName{NamespacedName: name, Port: spec.Name, Protocol: protocol}
 		sp.Port = spec.Port
-		sp.NodePort = nodePortOf(spec, base.Type, protocol, field, seen, problems)
+		sp.NodePort = nodePortOf(spec, base.Type, protocol, field, &seen, problems)
 		sp.AllEndpoints = endpoints.forPort(spec.Name, protocol)
 		selectEndpoints(sp, node)
 		ports = append(ports, sp)
+		seen.accepted = ports
 	}
 	return ports, problems.result()
 }
@@ -251,16 +254,16 @@ func loadBalancerVIPsOf(svc *v1.Service, family IPFamily, problems *problemList)
 		if ing.IP == "" {
 			continue
 		}
-		field := fmt.Sprintf("status.loadBalancer.ingress[%d]", i)
+		field := path{"status.loadBalancer.ingress", i}
 		if ing.IPMode != nil && *ing.IPMode != v1.LoadBalancerIPModeVIP {
 			if *ing.IPMode != v1.LoadBalancerIPModeProxy {
-				problems.add("Service", field+".ipMode", "unknown ipMode %s; IP ignored", quote(string(*ing.IPMode)))
+				problems.add("Service", field.at(".ipMode"), "unknown ipMode %s; IP ignored", quote(string(*ing.IPMode)))
 			}
 			continue
 		}
 		addr, err := parseIP(ing.IP)
 		if err != nil {
-			problems.add("Service", field+".ip", "%v; ignored", err)
+			problems.add("Service", field.at(".ip"), "%v; ignored", err)
 			continue
 		}
 		if FamilyOf(addr) == family {
@@ -328,19 +331,19 @@ func affinityTimeoutOf(svc *v1.Service, problems *problemList) int32 {
 }
 
 // nodePortOf returns the port's validated NodePort, 0 when it has none or an invalid one.
-func nodePortOf(spec *v1.ServicePort, typ ServiceType, protocol Protocol, field string, seen *portSet, problems *problemList) int32 {
+func nodePortOf(spec *v1.ServicePort, typ ServiceType, protocol Protocol, field path, seen *portSet, problems *problemList) int32 {
 	p := spec.NodePort
 	switch {
 	case p == 0:
 		return 0
 	case typ == TypeClusterIP:
-		problems.add("Service", field+".nodePort", "a ClusterIP Service has no NodePorts; %d ignored", p)
+		problems.add("Service", field.at(".nodePort"), "a ClusterIP Service has no NodePorts; %d ignored", p)
 		return 0
 	case !validPort(p):
-		problems.add("Service", field+".nodePort", "%d is not a valid port; ignored", p)
+		problems.add("Service", field.at(".nodePort"), "%d is not a valid port; ignored", p)
 		return 0
 	case !seen.addNodePort(p, protocol):
-		problems.add("Service", field+".nodePort", "NodePort %d/%s is listed twice; ignored", p, protocol)
+		problems.add("Service", field.at(".nodePort"), "NodePort %d/%s is listed twice; ignored", p, protocol)
 		return 0
 	}
 	return p
@@ -366,56 +369,54 @@ func sortedAddrs(addrs []netip.Addr) []netip.Addr {
 	return slices.Compact(addrs)
 }
 
-// portSet finds duplicate ports of one Service. Services have few ports, so it scans
-// slices; a map takes over for the rare Service with many.
+// portSet finds duplicate ports of one Service. Services have few ports, so it scans the
+// ports accepted so far; a map takes over for the rare Service with many.
 type portSet struct {
-	names     []portKey
-	ports     []numKey
-	nodePorts []numKey
-	big       map[any]struct{}
+	accepted []*ServicePort
+	big      map[portKey]struct{}
 }
 
+// portKey is one kind of uniqueness: a name, a port or a NodePort, per protocol.
 type portKey struct {
+	kind     byte
 	name     string
-	protocol Protocol
-}
-
-type numKey struct {
 	port     int32
 	protocol Protocol
-	nodePort bool
 }
 
-func newPortSet(n int) *portSet {
+func newPortSet(n int) portSet {
 	if n > 16 {
-		return &portSet{big: make(map[any]struct{}, 3*n)}
+		return portSet{big: make(map[portKey]struct{}, 3*n)}
 	}
-	return &portSet{}
+	return portSet{}
 }
 
-func addKey[K comparable](s *portSet, list *[]K, k K) bool {
-	if s.big != nil {
-		if _, dup := s.big[k]; dup {
-			return false
-		}
-		s.big[k] = struct{}{}
-		return true
+// add records k and reports whether it is new; match finds k among the accepted ports.
+func (s *portSet) add(k portKey, match func(*ServicePort) bool) bool {
+	if s.big == nil {
+		return !slices.ContainsFunc(s.accepted, match)
 	}
-	if slices.Contains(*list, k) {
+	if _, dup := s.big[k]; dup {
 		return false
 	}
-	*list = append(*list, k)
+	s.big[k] = struct{}{}
 	return true
 }
 
 func (s *portSet) addName(name string, p Protocol) bool {
-	return addKey(s, &s.names, portKey{name, p})
+	return s.add(portKey{kind: 'n', name: name, protocol: p}, func(o *ServicePort) bool {
+		return o.Name.Port == name && o.Name.Protocol == p
+	})
 }
 
 func (s *portSet) addPort(port int32, p Protocol) bool {
-	return addKey(s, &s.ports, numKey{port, p, false})
+	return s.add(portKey{kind: 'p', port: port, protocol: p}, func(o *ServicePort) bool {
+		return o.Port == port && o.Name.Protocol == p
+	})
 }
 
 func (s *portSet) addNodePort(port int32, p Protocol) bool {
-	return addKey(s, &s.nodePorts, numKey{port, p, true})
+	return s.add(portKey{kind: 'N', port: port, protocol: p}, func(o *ServicePort) bool {
+		return o.NodePort == port && o.Name.Protocol == p
+	})
 }
