@@ -85,9 +85,9 @@ trap 'log "interrupted"; exit 130' INT TERM
 need() {
   local missing=() c
   for c in "$@"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
-  [ ${#missing[@]} -eq 0 ] || die "missing host commands: ${missing[*]} (apt-get install qemu-system-x86 busybox-static cpio kmod xz-utils zstd)"
+  [ ${#missing[@]} -eq 0 ] || die "missing host commands: ${missing[*]} (apt-get install qemu-system-x86 busybox-static cpio kmod xz-utils)"
 }
-need qemu-system-x86_64 busybox cpio depmod modprobe ldd apt-get apt-cache dpkg-deb xz zstd gzip timeout flock awk
+need qemu-system-x86_64 busybox cpio depmod modprobe ldd apt-get apt-cache dpkg-deb xz gzip timeout flock awk sha256sum od
 
 # ---------------------------------------------------------------------------------------------
 # Kernel: Debian's linux-image package, downloaded once per version into the cache.
@@ -131,6 +131,7 @@ extract_vmlinux() {
   # xz's trailing \0 is left out; a false match just fails to decompress).
   local magics=($'\xfd7zXZ' $'\x28\xb5\x2f\xfd' $'\x1f\x8b\x08') tools=(xz zstd gzip)
   for i in "${!magics[@]}"; do
+    command -v "${tools[$i]}" >/dev/null 2>&1 || continue
     for off in $(LC_ALL=C grep -aboF "${magics[$i]}" "$bz" 2>/dev/null | cut -d: -f1 | head -n5); do
       tail -c +"$((off + 1))" "$bz" | "${tools[$i]}" -dc >"$out" 2>/dev/null || true
       if [ "$(head -c4 "$out" | od -An -c | tr -d ' ')" = '177ELF' ]; then return 0; fi
@@ -188,10 +189,11 @@ copy_in() {
   cp -L --preserve=mode "$src" "${base}${dst}"
 }
 
-# copy_libs copies every shared library ldd reports for ELF file $1, loader included.
+# copy_libs copies every shared library ldd reports for the given ELF files, loader included.
+# One ldd for all files: each ldd run costs tens of milliseconds, and there are ~150 files.
 copy_libs() {
   local lib
-  for lib in $(ldd "$1" 2>/dev/null | awk '/=> \// { print $3 } /^[[:space:]]*\// { print $1 }'); do
+  for lib in $(ldd "$@" 2>/dev/null | awk '/=> \// { print $3 } /^[[:space:]]+\// { print $1 }' | sort -u); do
     copy_in "$lib"
   done
 }
@@ -235,7 +237,7 @@ build_base() {
   cp "$VMDIR/modules.list" "$base/etc/sluice-vm/modules.list"
 
   # Host tools with their libraries; names become symlinks where the host has them.
-  local name opt host real
+  local name opt host real elfs=()
   while read -r name; do
     opt=0; [[ "$name" == *'?' ]] && { opt=1; name="${name%'?'}"; }
     if ! host="$(command -v "$name" 2>/dev/null)" || [[ "$host" != /* ]]; then
@@ -246,7 +248,7 @@ build_base() {
     host="/usr${host#/usr}" # /sbin/x and /usr/sbin/x are the same file under merged /usr
     real="/usr${real#/usr}"
     copy_in "$real"
-    copy_libs "$real"
+    elfs+=("$real")
     if [ "$host" != "$real" ] && [ ! -e "${base}${host}" ]; then
       mkdir -p "${base}$(dirname "$host")"
       ln -s "$real" "${base}${host}"
@@ -257,8 +259,10 @@ build_base() {
   local xt
   for xt in /usr/lib/x86_64-linux-gnu/xtables/*.so; do
     [ -e "$xt" ] || continue
-    copy_in "$xt"; copy_libs "$xt"
+    copy_in "$xt"
+    elfs+=("$xt")
   done
+  copy_libs "${elfs[@]}"
   local f
   for f in /etc/protocols /etc/services /etc/ethertypes /etc/nsswitch.conf /etc/iproute2 /usr/share/iproute2 /etc/xtables; do
     [ -e "$f" ] || continue
