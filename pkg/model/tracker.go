@@ -412,7 +412,8 @@ func (t *Tracker) recompute(name types.NamespacedName, node NodeInfo, info *Drai
 		epSlices = t.source.EndpointSlices(name)
 	}
 	var merged []Problem
-	for f, st := range t.states {
+	for _, f := range t.opts.families() { // in order, so that merged problems are stable
+		st := t.states[f]
 		ports, problems := ComputeService(svc, epSlices, node, f, t.opts)
 		merged = appendNewProblems(merged, problems)
 		if !portsEqual(st, name, ports) {
