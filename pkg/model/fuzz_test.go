@@ -160,7 +160,7 @@ func checkServicePorts(t *testing.T, svc *v1.Service, family IPFamily, node Node
 		if sp.AffinityTimeoutSeconds < 0 || sp.AffinityTimeoutSeconds > maxAffinityTimeoutSeconds {
 			t.Fatalf("affinity timeout %d", sp.AffinityTimeoutSeconds)
 		}
-		if sp.Scheduler != "" && !slices.Contains(IPVSSchedulers, sp.Scheduler) {
+		if sp.Scheduler != "" && !ValidIPVSScheduler(sp.Scheduler) {
 			t.Fatalf("scheduler %q", sp.Scheduler)
 		}
 		inFamily("ClusterIP", sp.ClusterIP)

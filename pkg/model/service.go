@@ -21,9 +21,13 @@ const (
 	AnnotationIPVSScheduler = "ipvs.sluice.dev/scheduler"
 )
 
-// IPVSSchedulers are the scheduler names AnnotationIPVSScheduler accepts: the schedulers of
-// the Linux IPVS code (ip_vs_*.c), as ipvsadm spells them.
-var IPVSSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh", "fo", "ovf", "twos"}
+// ipvsSchedulers are the schedulers of the Linux IPVS code (ip_vs_*.c), as ipvsadm spells
+// them.
+var ipvsSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh", "fo", "ovf", "twos"}
+
+// ValidIPVSScheduler reports whether name is a Linux IPVS scheduler (rr, wrr, lc, wlc, lblc,
+// lblcr, dh, sh, sed, nq, mh, fo, ovf, twos): the values AnnotationIPVSScheduler accepts.
+func ValidIPVSScheduler(name string) bool { return slices.Contains(ipvsSchedulers, name) }
 
 // Session affinity limits of the Service API (defaulting and validation).
 const (
@@ -214,11 +218,11 @@ func serviceBase(svc *v1.Service, family IPFamily, opts Options, problems *probl
 	}
 
 	if v, ok := svc.Annotations[AnnotationIPVSScheduler]; ok {
-		if slices.Contains(IPVSSchedulers, v) {
+		if ValidIPVSScheduler(v) {
 			sp.Scheduler = v
 		} else {
 			problems.add("Service", "metadata.annotations["+AnnotationIPVSScheduler+"]",
-				"unknown IPVS scheduler %s (want one of %s); the default scheduler is used", quote(v), strings.Join(IPVSSchedulers, ", "))
+				"unknown IPVS scheduler %s (want one of %s); the default scheduler is used", quote(v), strings.Join(ipvsSchedulers, ", "))
 		}
 	}
 	return sp
