@@ -1,38 +1,169 @@
-// Package app runs the sluice daemon: it wires the API watch, the model, the sync loop and
-// a backend together from completed options. This file is a placeholder until the daemon
-// is assembled.
+// Package app runs the sluice daemon: it wires the API watch, the model's change tracker,
+// the sync loop, a backend per IP family, and the health, metrics and debug servers,
+// from completed options.
 package app
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/events"
+	"github.com/sluiceproxy/sluice/pkg/health"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/syncloop"
+	"github.com/sluiceproxy/sluice/pkg/watch"
 )
 
-// ErrNotImplemented is what the placeholder Run returns.
-var ErrNotImplemented = errors.New("not implemented yet")
+// nodeWaitTimeout bounds the wait for this node's Node object (and its IPs) at start, as
+// upstream's 30 s.
+const nodeWaitTimeout = 30 * time.Second
 
 // Run runs sluice until ctx is cancelled or a fatal error occurs.
 //
 // o has been through config.Options.Complete: o.Config is the defaulted, validated
-// KubeProxyConfiguration (what /configz serves), o.Effective its typed view (mode,
-// per-mode periods and masquerade settings, node name, per-family resolvers for the
-// backends' dataplane.Config), o.FeatureGates the evaluated gates, o.Master the API server
-// override, o.Cleanup and o.InitOnly the one-shot modes, o.ConfigFile the file to watch
-// (upstream exits when it changes) and o.IgnoredFlags the flags --config overrode. Logging
-// is already configured. --write-config-to is handled before Run is called.
+// KubeProxyConfiguration (what /configz serves), o.Effective its typed view, o.FeatureGates
+// the evaluated gates. Logging is already configured; --write-config-to is handled before
+// Run is called.
 func Run(ctx context.Context, o *config.Options) error {
 	logger := klog.FromContext(ctx)
 	e := o.Effective
-	logger.Info("Effective configuration",
-		"mode", e.Mode, "modeDefaulted", e.ModeDefaulted, "nodeName", e.NodeName,
-		"syncPeriod", e.SyncPeriod, "minSyncPeriod", e.MinSyncPeriod,
-		"masqueradeBit", e.MasqueradeBit, "masqueradeAll", e.MasqueradeAll,
-		"nodePortAddresses", e.NodePortAddresses, "detectLocalMode", e.DetectLocalMode,
-		"clusterCIDRs", e.ClusterCIDRs, "healthzBindAddress", e.HealthzBindAddress,
-		"metricsBindAddress", e.MetricsBindAddress, "cleanup", o.Cleanup, "initOnly", o.InitOnly)
-	return ErrNotImplemented
+	if o.Cleanup {
+		return cleanupAll(ctx)
+	}
+	if err := platformSetup(ctx, e); err != nil {
+		return err
+	}
+	if o.InitOnly {
+		logger.Info("Initialization done (--init-only); exiting")
+		return nil
+	}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	client, err := newClient(o)
+	if err != nil {
+		return err
+	}
+	mode := e.Mode
+	if o.Backend != "" {
+		mode = dataplane.Mode(o.Backend)
+	}
+	metrics.Register(string(e.Mode))
+
+	broadcaster := events.NewBroadcaster(client)
+	if err := broadcaster.Start(ctx); err != nil {
+		return fmt.Errorf("starting the event broadcaster: %w", err)
+	}
+	defer broadcaster.Shutdown()
+	reporter := events.NewReporter(broadcaster.Recorder(), e.NodeName, 0)
+
+	w, err := watch.New(client, e.NodeName, e.ConfigSyncPeriod)
+	if err != nil {
+		return err
+	}
+
+	// The node comes first: its IPs decide the families' primary addresses and
+	// nodePortAddresses "primary", its pod CIDRs the NodeCIDR local detector.
+	nodes := newNodeWatcher(e, cancel)
+	proxyHealth := health.NewProxyHealthServer(e.HealthzBindAddress, 2*e.SyncPeriod)
+	nodes.onNode = proxyHealth.SyncNode
+	node, err := nodes.waitForNode(ctx, client, nodeWaitTimeout)
+	if err != nil {
+		return err
+	}
+	families := supportedFamilies(ctx, e.Mode)
+	logger.Info("Starting sluice", "mode", e.Mode, "backend", mode, "node", e.NodeName, "families", families, "nodeIPs", node.IPs)
+
+	backends, err := newBackends(ctx, mode, e, node, families)
+	if err != nil {
+		return err
+	}
+
+	var loop *syncloop.Loop
+	tracker := model.NewTracker(model.TrackerConfig{
+		Source:    w,
+		Node:      node,
+		Options:   model.Options{IgnoreExternalIPs: !o.FeatureGates.Enabled(config.AllowServiceExternalIPs), Families: families},
+		StartTime: time.Now(),
+		Notify:    func() { loop.Request() },
+	})
+	nodes.tracker = tracker
+	if err := w.AddHandlers(tracker, nodes.observe); err != nil {
+		return err
+	}
+
+	serviceHealth := map[model.IPFamily]syncloop.ServiceHealth{}
+	for _, b := range backends {
+		f := b.Family()
+		serviceHealth[f] = health.NewServiceHealthServer(ctx, health.ServiceHealthConfig{
+			Family:            f,
+			NodePortAddresses: e.NodePortAddressesFor(f, node),
+			ProxyHealthy:      proxyHealth.IsHealthy,
+			OnListenError:     reporter.ServiceHealthCheckFailed,
+		})
+	}
+	ct, err := newConntrack(ctx, families)
+	if err != nil {
+		return err
+	}
+	loop, err = syncloop.New(syncloop.Config{
+		Tracker:               tracker,
+		Backends:              backends,
+		MinSyncPeriod:         e.MinSyncPeriod,
+		SyncPeriod:            e.SyncPeriod,
+		MaxSyncInterval:       e.MaxSyncInterval,
+		Health:                proxyHealth,
+		ServiceHealth:         serviceHealth,
+		Reporter:              reporter,
+		Conntrack:             ct,
+		LocalHealthyEndpoints: health.LocalReadyEndpoints,
+		HealthCheckNodePorts:  health.HealthCheckNodePorts,
+		Clock:                 clock.RealClock{},
+	})
+	if err != nil {
+		return err
+	}
+
+	servers := &servers{options: o, mode: mode, tracker: tracker, loop: loop, families: families, reporter: reporter}
+	go servers.runHealthz(ctx, proxyHealth, cancel)
+	go servers.runMetrics(ctx, cancel)
+	if o.ConfigFile != "" {
+		go watchConfigFile(ctx, o.ConfigFile, cancel)
+	}
+
+	reporter.Starting("Starting sluice (" + string(e.Mode) + " mode)")
+	if e.ModeDefaulted {
+		logger.Error(nil, "No mode configured; using iptables. Upstream will switch the default to nftables: set mode explicitly")
+		reporter.NodeWarning("KubeProxyDefaultMode", "No proxy mode configured; using iptables. In Kubernetes 1.40 the default mode will switch to 'nftables'; set mode explicitly.")
+	}
+	if e.Mode == dataplane.ModeIPVS {
+		reporter.NodeWarning("IPVSDeprecation", "The ipvs mode is deprecated upstream (disabled by default in 1.40, removed in 1.43); sluice keeps it working. Please plan a move to 'nftables'.")
+	}
+
+	w.Start(ctx)
+	defer w.Shutdown()
+	go func() {
+		if !w.WaitForServicesAndEndpoints(ctx) {
+			return
+		}
+		logger.Info("Services and EndpointSlices received; programming")
+		tracker.OnServicesSynced()
+		tracker.OnEndpointSlicesSynced()
+		loop.Request()
+	}()
+
+	err = loop.Run(ctx)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
 }

@@ -36,6 +36,10 @@ type Options struct {
 	InitOnly bool
 	// Master is --master: the API server URL, overriding the kubeconfig's server.
 	Master string
+	// Backend is the hidden --backend flag: when set to "recording", sluice programs
+	// nothing and only records (and serves on /debug/sluice/state) the desired state of the
+	// configured mode. For tests and dry runs; it applies with --config too.
+	Backend string
 
 	// Config is the KubeProxyConfiguration in effect, set by Complete: the file or the
 	// flags, with every default applied and hostnameOverride resolved from the flag. It is
@@ -92,7 +96,7 @@ func NewOptions() *Options {
 // flagsHonouredWithConfig are the flags that still apply when --config is given, besides
 // the logging flags.
 var flagsHonouredWithConfig = []string{
-	"config", "write-config-to", "cleanup", "init-only", "master", "hostname-override",
+	"config", "write-config-to", "cleanup", "init-only", "master", "hostname-override", "backend",
 }
 
 // AddFlags registers every flag upstream kube-proxy has on Linux, with upstream's names and
@@ -104,6 +108,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Read the configuration from this KubeProxyConfiguration file (YAML or JSON). The file replaces every configuration flag; only the logging flags, --hostname-override and --master still apply.")
 	fs.StringVar(&o.WriteConfigTo, "write-config-to", o.WriteConfigTo,
 		"Write the effective configuration (defaults included) to this file as KubeProxyConfiguration YAML, then exit.")
+	fs.StringVar(&o.Backend, "backend", o.Backend,
+		"Replace the mode's backend: \"recording\" programs nothing and serves the desired state on /debug/sluice/state (tests, dry runs).")
+	_ = fs.MarkHidden("backend")
 	fs.BoolVar(&o.Cleanup, "cleanup", o.Cleanup,
 		"Remove the rules every proxy mode may have installed (iptables, ipvs, nftables), then exit.")
 	fs.BoolVar(&o.InitOnly, "init-only", o.InitOnly,
@@ -274,6 +281,10 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 			return fmt.Errorf("--hostname-override: an empty (all blanks) name is invalid")
 		}
 		cfg.HostnameOverride = strings.ToLower(name)
+	}
+
+	if o.Backend != "" && o.Backend != "recording" {
+		return fmt.Errorf("--backend: %q is not a backend override; the only one is \"recording\"", o.Backend)
 	}
 
 	errs, gate := validate(cfg)

@@ -68,9 +68,9 @@ type Watcher struct {
 	node     cache.SharedIndexInformer
 }
 
-// New creates the informers and registers the handlers; Start runs them. resync is
-// configSyncPeriod. nodeSink may be nil.
-func New(client kubernetes.Interface, nodeName string, resync time.Duration, sink Sink, nodeSink NodeSink) (*Watcher, error) {
+// New creates the informers; AddHandlers connects them to a Sink and Start runs them.
+// resync is configSyncPeriod.
+func New(client kubernetes.Interface, nodeName string, resync time.Duration) (*Watcher, error) {
 	noProxyName, err := labels.NewRequirement(LabelServiceProxyName, selection.DoesNotExist, nil)
 	if err != nil {
 		return nil, fmt.Errorf("building service-proxy-name selector: %w", err)
@@ -109,6 +109,12 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, sin
 	if err := w.slices.AddIndexers(cache.Indexers{serviceNameIndex: indexByServiceName}); err != nil {
 		return nil, fmt.Errorf("adding EndpointSlice index: %w", err)
 	}
+	return w, nil
+}
+
+// AddHandlers makes the informers report every change to sink, and this node's Node
+// object to nodeSink (which may be nil). Call it before Start.
+func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
 	if _, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if svc, ok := obj.(*v1.Service); ok {
@@ -128,7 +134,7 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, sin
 			}
 		},
 	}); err != nil {
-		return nil, fmt.Errorf("adding Service handler: %w", err)
+		return fmt.Errorf("adding Service handler: %w", err)
 	}
 	if _, err := w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
@@ -149,7 +155,7 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, sin
 			}
 		},
 	}); err != nil {
-		return nil, fmt.Errorf("adding EndpointSlice handler: %w", err)
+		return fmt.Errorf("adding EndpointSlice handler: %w", err)
 	}
 	cidrsChanged := func() { sink.OnServiceCIDRsChange(w.ServiceCIDRs()) }
 	if _, err := w.cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -157,7 +163,7 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, sin
 		UpdateFunc: func(_, _ any) { cidrsChanged() },
 		DeleteFunc: func(any) { cidrsChanged() },
 	}); err != nil {
-		return nil, fmt.Errorf("adding ServiceCIDR handler: %w", err)
+		return fmt.Errorf("adding ServiceCIDR handler: %w", err)
 	}
 	if nodeSink != nil {
 		if _, err := w.node.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -165,10 +171,10 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration, sin
 			UpdateFunc: func(_, cur any) { nodeSink(asNode(cur)) },
 			DeleteFunc: func(any) { nodeSink(nil) },
 		}); err != nil {
-			return nil, fmt.Errorf("adding Node handler: %w", err)
+			return fmt.Errorf("adding Node handler: %w", err)
 		}
 	}
-	return w, nil
+	return nil
 }
 
 // Start runs the informers until ctx is done.
