@@ -67,7 +67,7 @@ echo guest-saw-everything`
 }
 
 func TestHarnessStopsAHungGuestAtTheTimeout(t *testing.T) {
-	status, out := runHarness(t, "--timeout", "90", "--", "sleep", "3600")
+	status, out := runHarness(t, "--timeout", "40", "--", "sleep", "3600")
 	if status != 124 {
 		t.Fatalf("exit status %d, want 124 (timeout):\n%s", status, out)
 	}
