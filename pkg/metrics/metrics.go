@@ -139,6 +139,18 @@ var (
 	}, []string{LabelIPFamily})
 )
 
+// Descriptions of upstream's iptables nfacct counters. They are read from the kernel when
+// scraped, by a collector the iptables backend registers with MustRegisterCollector only
+// when the kernel has nfacct (CONFIG_NETFILTER_NETLINK_ACCT).
+var (
+	IPTablesCTStateInvalidDroppedPacketsDesc = prometheus.NewDesc(
+		prometheus.BuildFQName(subsystem, "", "iptables_ct_state_invalid_dropped_packets_total"),
+		"packets dropped by iptables to work around conntrack problems", nil, nil)
+	LocalhostNodePortAcceptedPacketsDesc = prometheus.NewDesc(
+		prometheus.BuildFQName(subsystem, "", "iptables_localhost_nodeports_accepted_packets_total"),
+		"Number of packets accepted on nodeports of loopback interface", nil, nil)
+)
+
 // sluice's own metrics: what operators asked for and upstream lacks
 // (https://github.com/kubernetes/kubernetes/issues/80061).
 var (

@@ -1,0 +1,1021 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+const (
+	// defaultFullSyncPeriod is how often a full sync repairs drift when nothing else asked
+	// for one: upstream's FullSyncPeriod.
+	defaultFullSyncPeriod = time.Hour
+	// defaultLargeFullSyncPeriod replaces it above largeClusterEndpoints endpoints, where a
+	// full sync of the legacy flavour holds the xtables lock for seconds. Upstream never
+	// resyncs large clusters periodically; sluice does, rarely, so that drift the canary
+	// cannot see (a rule deleted inside a chain) is still repaired.
+	defaultLargeFullSyncPeriod = 6 * time.Hour
+	// defaultWaitSeconds bounds the wait for the xtables lock. Upstream waits 5 s; a
+	// legacy restore of a large ruleset by someone else can take longer than that.
+	defaultWaitSeconds = 30
+	// defaultNFTMaxChains bounds the chains one iptables-nft-restore creates. iptables-nft
+	// inserts each new chain into a sorted list, and its cost grows with the square of the
+	// chains in one run: 11 000 new chains take 2.6 s in one run, 110 000 do not finish in
+	// 13 minutes (which is why upstream never completes 10 000 Services there). Batches of
+	// this size keep each run well under a second whatever the total.
+	defaultNFTMaxChains = 2000
+)
+
+// Backend programs Services with iptables for one IP family.
+type Backend struct {
+	cfg    dataplane.Config
+	opts   options
+	logger klog.Logger
+	tools  *tools
+	editor ruleEditor
+	sysctl sysctl
+
+	tcpLiberal bool
+	nfacct     bool
+	maxChains  int
+
+	// applied mirrors, per Service, what the kernel holds; valid only while known.
+	applied map[types.NamespacedName]*appliedService
+	known   bool
+	// static is the fingerprint of the static rules in the kernel.
+	static   string
+	lastFull time.Time
+	// synced is set after the first successful full sync (read by Monitor).
+	synced atomic.Bool
+	// leftoversDone is set once other modes' and flavours' leftovers have been removed.
+	leftoversDone bool
+	// lastKernel is what the last full sync read.
+	lastKernel *kernelView
+
+	stats ApplyStats
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// Option changes how New builds a Backend.
+type Option func(*options)
+
+type options struct {
+	flavour             Flavour
+	fullSyncPeriod      time.Duration
+	largeFullSyncPeriod time.Duration
+	maxChains           int
+	skipLeftovers       bool
+	waitSeconds         int
+	localAddrs          func() ([]netip.Addr, error)
+	now                 func() time.Time
+
+	// Seams for tests.
+	cmd        commander
+	probe      flavourProbe
+	editor     ruleEditor
+	sysctl     sysctl
+	nfacct     nfacctClient
+	listChains bool // read chains with iptables-save even in the nft flavour
+	faulty     func(types.NamespacedName) bool
+	installed  Flavour
+}
+
+// WithFlavour forces the iptables flavour instead of detecting it.
+func WithFlavour(f Flavour) Option { return func(o *options) { o.flavour = f } }
+
+// WithFullSyncPeriod sets how often a full sync repairs drift (default 1h), and above 1000
+// endpoints (default 6h).
+func WithFullSyncPeriod(small, large time.Duration) Option {
+	return func(o *options) { o.fullSyncPeriod, o.largeFullSyncPeriod = small, large }
+}
+
+// WithMaxChainsPerRestore bounds how many chains one iptables-restore run declares (the
+// nft flavour splits large syncs; 0 keeps the flavour's default, -1 never splits).
+func WithMaxChainsPerRestore(n int) Option { return func(o *options) { o.maxChains = n } }
+
+// WithoutLeftoverCleanup skips removing other modes' leftovers (nftables table, IPVS).
+func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
+
+// WithLocalAddresses replaces the lookup of this node's addresses (the NodePort
+// destinations when nodePortAddresses is not match-all).
+func WithLocalAddresses(fn func() ([]netip.Addr, error)) Option {
+	return func(o *options) { o.localAddrs = fn }
+}
+
+// WithClock replaces time.Now.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+func withCommander(c commander, installed Flavour) Option {
+	return func(o *options) { o.cmd, o.installed = c, installed }
+}
+func withEditor(e ruleEditor) Option   { return func(o *options) { o.editor = e } }
+func withSysctl(s sysctl) Option       { return func(o *options) { o.sysctl = s } }
+func withNFAcct(n nfacctClient) Option { return func(o *options) { o.nfacct = n } }
+func withProbe(p flavourProbe) Option  { return func(o *options) { o.probe = p } }
+func withSaveListing() Option          { return func(o *options) { o.listChains = true } }
+func withFaultyServices(names ...types.NamespacedName) Option {
+	return func(o *options) {
+		o.faulty = func(n types.NamespacedName) bool { return slices.Contains(names, n) }
+	}
+}
+
+// New sets the node up for the iptables mode and returns the backend of one family. It
+// picks the iptables flavour, sets sysctls (route_localnet when localhost NodePorts are on),
+// probes nfacct and removes the leftovers of upstream's nftables and ipvs modes. It does
+// not touch existing iptables rules, its own or upstream's: the first Apply rewrites them in
+// place, in one transaction, so traffic keeps flowing across a restart or a switch from
+// kube-proxy. Nothing is undone when sluice stops.
+func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, error) {
+	o := options{
+		fullSyncPeriod:      defaultFullSyncPeriod,
+		largeFullSyncPeriod: defaultLargeFullSyncPeriod,
+		waitSeconds:         defaultWaitSeconds,
+		localAddrs:          interfaceAddrs,
+		now:                 time.Now,
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.cmd == nil {
+		o.cmd = execCommander{}
+	}
+	if o.probe == nil {
+		o.probe = systemProbe{cmd: o.cmd, family: cfg.Family}
+	}
+	if o.sysctl == nil {
+		o.sysctl = procSysctl{root: "/proc/sys"}
+	}
+	if o.nfacct == nil {
+		o.nfacct = netlinkNFAcct{}
+	}
+	if cfg.Family != model.IPv4 && cfg.Family != model.IPv6 {
+		return nil, fmt.Errorf("iptables backend: unknown IP family %v", cfg.Family)
+	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family)
+	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{}}
+
+	// Flavour.
+	choice := flavourChoice{flavour: o.flavour, installed: o.installed, reason: "configured"}
+	if o.installed == "" {
+		installed, err := installedFlavour(ctx, o.cmd, cfg.Family)
+		if err != nil {
+			if o.flavour == "" {
+				return nil, err
+			}
+			installed = ""
+		}
+		choice.installed = installed
+	}
+	if o.flavour == "" {
+		var err error
+		if choice, err = detectFlavour(ctx, o.cmd, o.probe, cfg.Family); err != nil {
+			return nil, err
+		}
+	}
+	ipt, restore, save := toolNames(cfg.Family, choice.flavour, choice.installed)
+	if _, err := o.cmd.LookPath(restore); err != nil {
+		return nil, fmt.Errorf("iptables flavour %s: %s not found: %w", choice.flavour, restore, err)
+	}
+	b.tools = &tools{flavour: choice.flavour, installed: choice.installed, family: cfg.Family, iptables: ipt, restore: restore, save: save,
+		waitSeconds: o.waitSeconds, cmd: o.cmd}
+	logger.Info("Using iptables", "flavour", choice.flavour, "reason", choice.reason, "restore", restore)
+
+	b.maxChains = o.maxChains
+	if b.maxChains == 0 && choice.flavour == FlavourNFT {
+		b.maxChains = defaultNFTMaxChains
+	}
+	if b.maxChains < 0 {
+		b.maxChains = 0
+	}
+	if o.editor != nil {
+		b.editor = o.editor
+	} else {
+		e, err := newGoIPTables(b.tools)
+		if err != nil {
+			return nil, err
+		}
+		b.editor = e
+	}
+
+	// Sysctls.
+	if localhostNodePortsActive(cfg) {
+		logger.Info("Setting route_localnet=1 to allow NodePorts on localhost; to change this either disable iptables.localhostNodePorts or set nodePortAddresses to exclude loopback addresses")
+		if err := ensureSysctl(b.sysctl, sysctlRouteLocalnet, 1); err != nil {
+			return nil, err
+		}
+	}
+	if v, err := b.sysctl.Get(sysctlTCPBeLiberal); err == nil && v != 0 {
+		b.tcpLiberal = true
+		logger.Info("nf_conntrack_tcp_be_liberal is set, not dropping ctstate INVALID packets")
+	}
+
+	// nfacct counters: only when the kernel can hold them.
+	nfacctErr := o.nfacct.Ensure(nfacctInvalidDropped)
+	if nfacctErr == nil && localhostNodePortsActive(cfg) {
+		nfacctErr = o.nfacct.Ensure(nfacctLocalhostAccept)
+	}
+	if nfacctErr == nil {
+		b.nfacct = true
+		registerNFAcct(&nfacctCollector{client: o.nfacct, localhostNodePorts: localhostNodePortsActive(cfg)}, logger)
+	} else {
+		logger.V(2).Info("nfacct is not available, its metrics are not exported", "err", nfacctErr)
+	}
+
+	if !o.skipLeftovers {
+		if removed, err := removeNFTablesLeftovers(cfg.Family); err != nil {
+			logger.Error(err, "Could not remove the nftables mode's table")
+		} else if removed {
+			logger.Info("Removed the nftables mode's table", "table", "kube-proxy")
+		}
+		if removed, err := removeIPVSLeftovers(); err != nil {
+			logger.Error(err, "Could not remove all leftovers of the ipvs mode")
+		} else if removed {
+			logger.Info("Removed the ipvs mode's virtual servers and device", "device", ipvsDummyLink)
+		}
+	}
+	return b, nil
+}
+
+var nfacctRegistered atomic.Bool
+
+// registerNFAcct registers the collector once per process (both families share the
+// counters, as upstream's do).
+func registerNFAcct(c *nfacctCollector, logger klog.Logger) {
+	if !nfacctRegistered.CompareAndSwap(false, true) {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			logger.Error(fmt.Errorf("%v", r), "Could not register the nfacct metrics")
+		}
+	}()
+	metrics.MustRegisterCollector(c)
+}
+
+// interfaceAddrs returns the addresses of this node's interfaces.
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("listing interface addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr().Unmap())
+		}
+	}
+	return out, nil
+}
+
+// Mode implements dataplane.Backend.
+func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeIPTables }
+
+// Family implements dataplane.Backend.
+func (b *Backend) Family() model.IPFamily { return b.cfg.Family }
+
+// Flavour returns the iptables flavour in use.
+func (b *Backend) Flavour() Flavour { return b.tools.flavour }
+
+// ApplyStats describes the last Apply, for tests, benchmarks and diagnostics.
+type ApplyStats struct {
+	Full bool
+	// Reason says why the sync was full ("" for partial).
+	Reason string
+	// Restores is the number of iptables-restore runs, Lines the lines fed to them.
+	Restores, Lines int
+	// Rules counts the rules written, per table.
+	Rules    map[string]int
+	Failed   int
+	Duration time.Duration
+}
+
+// LastStats returns the statistics of the last Apply.
+func (b *Backend) LastStats() ApplyStats { return b.stats }
+
+// Apply implements dataplane.Backend. A partial sync writes only the changed Services'
+// chains and their rules in the shared chains; a full sync (first sync, after a failure,
+// when the canary chain is gone, when node-wide inputs changed, and every hour) rewrites
+// everything. A Service whose rules iptables-restore rejects is left out and reported in
+// Result.Failed; every other Service is programmed.
+func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
+	start := b.opts.now()
+	b.stats = ApplyStats{Rules: map[string]int{}}
+	res := dataplane.Result{Failed: map[types.NamespacedName]error{}}
+
+	var localAddrs []netip.Addr
+	if !b.cfg.NodePortAddresses.MatchAll {
+		addrs, err := b.opts.localAddrs()
+		if err != nil {
+			b.logger.Error(err, "Could not list local addresses; NodePorts answer on none of them")
+		}
+		localAddrs = addrs
+	}
+	endpoints := 0
+	for _, sp := range desired.Services {
+		endpoints += len(sp.AllEndpoints)
+	}
+	rc := newRenderConfig(b.cfg, desired.Node, localAddrs, b.tcpLiberal, b.nfacct, endpoints)
+	rc.faulty = b.opts.faulty
+	static := renderStatic(rc)
+
+	reason := b.fullReason(changes, static, endpoints)
+	var err error
+	if reason != "" {
+		b.logger.V(2).Info("Syncing iptables rules", "fullSync", true, "reason", reason)
+		err = b.syncFull(ctx, desired, rc, static, res.Failed)
+	} else {
+		b.logger.V(2).Info("Syncing iptables rules", "fullSync", false, "services", changes.Services.Len())
+		var drift bool
+		drift, err = b.syncPartial(ctx, desired, changes, rc, res.Failed)
+		if drift && err == nil {
+			reason = "kernel rules differ from what sluice wrote"
+			b.logger.Info("Rules changed behind sluice's back, doing a full sync")
+			b.known = false
+			err = b.syncFull(ctx, desired, rc, static, res.Failed)
+		}
+	}
+	res.Full = reason != ""
+	res.Err = err
+	if err != nil {
+		// The kernel may hold anything now: rewrite everything next time.
+		b.known = false
+		if len(res.Failed) > 0 {
+			err = fmt.Errorf("%w (and %d Services failed on their own)", err, len(res.Failed))
+			res.Err = err
+		}
+		b.logger.Error(err, "iptables sync failed")
+	}
+	if len(res.Failed) > 0 {
+		for name, ferr := range res.Failed {
+			b.logger.Error(ferr, "Service left out of the iptables rules", "service", klog.KRef(name.Namespace, name.Name))
+		}
+	}
+	if res.Err == nil && !b.synced.Load() && res.Full {
+		b.synced.Store(true)
+	}
+	if res.Err == nil && res.Full && !b.leftoversDone {
+		b.leftoversDone = true
+		b.removeLeftoverRules(ctx, b.lastKernel)
+	}
+
+	b.stats.Full, b.stats.Reason, b.stats.Failed = res.Full, reason, len(res.Failed)
+	b.stats.Duration = b.opts.now().Sub(start)
+	b.recordRuleMetrics(static)
+	return res
+}
+
+// fullReason returns why this sync must be full, or "".
+func (b *Backend) fullReason(changes model.Changes, static *staticRules, endpoints int) string {
+	switch {
+	case !b.known && b.lastFull.IsZero():
+		return "first sync"
+	case !b.known:
+		return "previous sync failed"
+	case changes.Full:
+		return "requested"
+	case static.fingerprint() != b.static:
+		return "node-wide rules changed"
+	}
+	period := b.opts.fullSyncPeriod
+	if endpoints > largeClusterEndpoints {
+		period = b.opts.largeFullSyncPeriod
+	}
+	if period > 0 && b.opts.now().Sub(b.lastFull) >= period {
+		return "periodic"
+	}
+	if ok, err := b.canaryPresent(); err != nil {
+		b.logger.Error(err, "Could not check the iptables canary")
+	} else if !ok {
+		b.logger.Info("iptables canary chain is gone: tables were flushed", "chain", chainCanary)
+		return "canary chain missing"
+	}
+	return ""
+}
+
+// restore runs one restore and accounts for it.
+func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) error {
+	b.stats.Restores++
+	b.stats.Lines += in.lines
+	if v := b.logger.V(9); v.Enabled() {
+		v.Info("Running iptables-restore", "input", in.String())
+	}
+	err := b.tools.runRestore(ctx, in.buf.Bytes())
+	if err == nil {
+		for t, n := range in.rules {
+			b.stats.Rules[t] += n
+		}
+		return nil
+	}
+	fam := b.cfg.Family.String()
+	metrics.IPTablesRestoreFailuresTotal.WithLabelValues(fam).Inc()
+	if !full {
+		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(fam).Inc()
+	}
+	var re *restoreError
+	if errors.As(err, &re) && len(re.lines) > 0 {
+		b.logger.V(2).Info("iptables-restore rejected its input", "line", re.lines[0], "text", inputLine(in, re.lines[0]), "output", re.output)
+	}
+	return err
+}
+
+// inputLine returns line n of in, for logs.
+func inputLine(in *restoreInput, n int) string {
+	lines := strings.SplitN(in.buf.String(), "\n", n+1)
+	if n < 1 || n > len(lines) {
+		return ""
+	}
+	return lines[n-1]
+}
+
+// blame returns the owner of the first line a restore error points at, and the table
+// whose section it is in ("" when the error names no line).
+func blame(in *restoreInput, err error) (lineOwner, string, bool) {
+	var re *restoreError
+	if !errors.As(err, &re) || len(re.lines) == 0 {
+		return lineOwner{}, "", false
+	}
+	return in.ownerOf(re.lines[0]), in.tableOf(re.lines[0]), true
+}
+
+// isolation bounds the restores one sync spends finding the Services to blame: a few
+// bisection rounds, plus a few more for each Service found guilty (each culprit needs its
+// own restores to be found). Every step makes progress, so this only guards against
+// spending minutes of a legacy lock on a failure that is not the Services' fault.
+type isolation struct{ left, perCulprit int }
+
+func newIsolation(n int) *isolation {
+	log := 0
+	for ; n > 0; n >>= 1 {
+		log++
+	}
+	return &isolation{left: 12 + 2*log, perCulprit: log + 2}
+}
+
+var errIsolationExhausted = errors.New("giving up isolating failing Services after too many iptables-restore runs")
+
+func (i *isolation) spend() error {
+	if i.left <= 0 {
+		return errIsolationExhausted
+	}
+	i.left--
+	return nil
+}
+
+func (i *isolation) blamed() { i.left += i.perCulprit }
+
+// structural reports whether iptables-restore complained about one of sluice's shared
+// chains: then the shared state is wrong (a chain missing, someone else's change), not a
+// Service, and blaming Services one by one would only take them all down.
+func structural(err error) bool {
+	var re *restoreError
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, c := range append(append([]string{chainMarkMasq, chainCanary, chainKubeletFirewall}, natTopChains...), filterTopChains...) {
+		if strings.Contains(re.output, "`"+c+"'") || strings.Contains(re.output, "'"+c+"'") {
+			return true
+		}
+	}
+	return false
+}
+
+// ---- partial sync ----
+
+// syncPartial applies the changed Services as independent units. drift reports that the
+// kernel does not hold what sluice believes, which needs a full sync.
+func (b *Backend) syncPartial(ctx context.Context, desired *model.NodeState, changes model.Changes, rc *renderConfig, failed map[types.NamespacedName]error) (drift bool, err error) {
+	names := changes.Services.UnsortedList()
+	slices.SortFunc(names, compareNames)
+	var units []unit
+	for _, name := range names {
+		u := unit{name: name, old: b.applied[name]}
+		if ports := desired.PortsOf(name); len(ports) > 0 {
+			u.new = renderService(rc, name, ports)
+		}
+		if u.old == nil && u.new == nil {
+			continue
+		}
+		units = append(units, u)
+	}
+	return b.applyUnits(ctx, units, failed)
+}
+
+func compareNames(a, b types.NamespacedName) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+// applyUnits commits units in batches (the nft flavour bounds the chains per restore),
+// isolating the Services whose rules are rejected.
+func (b *Backend) applyUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error) (drift bool, err error) {
+	iso := newIsolation(len(units))
+	for _, batch := range b.batchUnits(units) {
+		drift, err = b.isolateUnits(ctx, batch, failed, iso)
+		if drift || err != nil {
+			return drift, err
+		}
+	}
+	return false, nil
+}
+
+func (b *Backend) batchUnits(units []unit) [][]unit {
+	if b.maxChains <= 0 {
+		return [][]unit{units}
+	}
+	var out [][]unit
+	var cur []unit
+	chains := 0
+	for _, u := range units {
+		n := 0
+		if u.new != nil {
+			n += len(u.new.natChains)
+		}
+		if u.old != nil {
+			n += len(u.old.natChains)
+		}
+		if len(cur) > 0 && chains+n > b.maxChains {
+			out = append(out, cur)
+			cur, chains = nil, 0
+		}
+		cur = append(cur, u)
+		chains += n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// isolateUnits commits units; when iptables-restore rejects them it finds the Service to
+// blame, from the line it names or, when it names none (a legacy table refused at COMMIT),
+// by committing halves. Every restore that succeeds is kept: units are independent, so
+// nothing committed ever waits for the failing Service.
+func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolation) (drift bool, err error) {
+	queue := [][]unit{units}
+	for len(queue) > 0 {
+		us := queue[0]
+		queue = queue[1:]
+		if len(us) == 0 {
+			continue
+		}
+		in := renderUnits(us)
+		if in.empty() {
+			b.commitUnits(us, true, true)
+			continue
+		}
+		if err := iso.spend(); err != nil {
+			return false, err
+		}
+		rerr := b.restore(ctx, in, false)
+		if rerr == nil {
+			b.commitUnits(us, true, true)
+			continue
+		}
+		var re *restoreError
+		if !errors.As(rerr, &re) {
+			return false, rerr
+		}
+		if structural(rerr) {
+			return true, nil
+		}
+		owner, table, named := blame(in, rerr)
+		if table == tableFilter {
+			// nat was committed before filter failed.
+			b.commitUnits(us, true, false)
+			for i := range us {
+				us[i].old = b.applied[us[i].name]
+			}
+		}
+		switch {
+		case named && (owner.kind == lineDelete || owner.kind == lineStale):
+			return true, nil
+		case named && owner.kind == lineService:
+			failed[owner.service] = rerr
+			iso.blamed()
+			rest := make([]unit, 0, len(us))
+			for _, u := range us {
+				if u.name == owner.service {
+					if old := b.applied[u.name]; old != nil {
+						// Leave nothing of it behind: no dangling jumps, no chains.
+						queue = append(queue, []unit{{name: u.name, old: old}})
+					}
+					continue
+				}
+				rest = append(rest, u)
+			}
+			queue = append([][]unit{rest}, queue...)
+		case len(us) == 1:
+			failed[us[0].name] = rerr
+			iso.blamed()
+			if old := b.applied[us[0].name]; old != nil {
+				queue = append(queue, []unit{{name: us[0].name, old: old}})
+			}
+		default:
+			// A global line or no line at all: split.
+			half := len(us) / 2
+			queue = append([][]unit{us[:half], us[half:]}, queue...)
+		}
+	}
+	return false, nil
+}
+
+// commitUnits records that the kernel now holds the units' new state, for the tables that
+// were committed.
+func (b *Backend) commitUnits(us []unit, nat, filter bool) {
+	for _, u := range us {
+		if u.new == nil {
+			if nat && filter {
+				delete(b.applied, u.name)
+				continue
+			}
+			a := &appliedService{}
+			if old := b.applied[u.name]; old != nil && !filter {
+				a.filterTop = old.filterTop
+			}
+			b.applied[u.name] = a
+			continue
+		}
+		a := appliedFrom(u.new)
+		if old := b.applied[u.name]; old != nil && !filter {
+			a.filterTop = old.filterTop
+		}
+		b.applied[u.name] = a
+	}
+}
+
+// ---- full sync ----
+
+// syncFull rewrites everything: jumps from built-in chains are checked, every chain is
+// flushed and refilled, and chains nobody uses are deleted.
+func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error) error {
+	kv, err := b.readKernel(ctx)
+	if err != nil {
+		return err
+	}
+	b.lastKernel = kv
+	if err := b.ensureJumps(kv); err != nil {
+		return err
+	}
+
+	names := desired.ServiceNames().UnsortedList()
+	slices.SortFunc(names, compareNames)
+	rendered := make(map[types.NamespacedName]*serviceRules, len(names))
+	chains := 0
+	for _, name := range names {
+		s := renderService(rc, name, desired.PortsOf(name))
+		rendered[name] = s
+		chains += len(s.natChains)
+	}
+	iso := newIsolation(len(names))
+
+	// A large sync in the nft flavour first writes the Services' chains in batches; the
+	// final restore then only rewrites the shared chains to point at them.
+	split := b.maxChains > 0 && chains > b.maxChains
+	prestaged := map[types.NamespacedName]bool{}
+	extraChains := map[string]bool{}
+	if split {
+		// The Services' chains jump to KUBE-MARK-MASQ before the final restore fills it;
+		// create it empty if it does not exist (never flush it: it may be in use).
+		if !kv.chains[tableNAT][chainMarkMasq] {
+			if err := b.editor.NewChain(tableNAT, chainMarkMasq); err != nil && !isExistsError(err) {
+				return fmt.Errorf("creating chain %s: %w", chainMarkMasq, err)
+			}
+		}
+		var list []*serviceRules
+		for _, name := range names {
+			list = append(list, rendered[name])
+		}
+		if err := b.prestage(ctx, list, failed, prestaged, iso); err != nil {
+			return err
+		}
+		for name := range prestaged {
+			for _, c := range rendered[name].natChains {
+				extraChains[c.name] = true
+			}
+		}
+	}
+
+	existing := map[string]bool{}
+	for c := range kv.chains[tableNAT] {
+		if isServiceChain(c) {
+			existing[c] = true
+		}
+	}
+	for c := range extraChains {
+		existing[c] = true
+	}
+
+	cands := make([]types.NamespacedName, 0, len(names))
+	for _, name := range names {
+		if failed[name] == nil {
+			cands = append(cands, name)
+		}
+	}
+	var held []types.NamespacedName
+	undeletable := map[string]bool{}
+	for {
+		if err := iso.spend(); err != nil {
+			return err
+		}
+		p := &fullPlan{static: static, prestaged: prestaged, undeletable: undeletable, canary: true}
+		active := map[string]bool{}
+		for _, name := range cands {
+			s := rendered[name]
+			p.write = append(p.write, s)
+			for _, c := range s.natChains {
+				active[c.name] = true
+			}
+		}
+		if b.known {
+			for _, name := range held {
+				if a := b.applied[name]; a != nil {
+					p.keep = append(p.keep, a)
+					for _, c := range a.chainNames() {
+						active[c] = true
+					}
+				}
+			}
+		}
+		for c := range existing {
+			if !active[c] {
+				p.stale = append(p.stale, c)
+			}
+		}
+		slices.Sort(p.stale)
+		staleLater := split && len(p.stale) > 0
+		var stale []string
+		if staleLater {
+			stale, p.stale = p.stale, nil
+		}
+		in := renderFull(p)
+		rerr := b.restore(ctx, in, true)
+		if rerr == nil {
+			applied := map[types.NamespacedName]*appliedService{}
+			for _, s := range p.write {
+				applied[s.name] = appliedFrom(s)
+			}
+			if b.known {
+				for _, name := range held {
+					if a := b.applied[name]; a != nil {
+						applied[name] = a
+					}
+				}
+			}
+			b.applied, b.known, b.static, b.lastFull = applied, true, static.fingerprint(), b.opts.now()
+			if staleLater {
+				if err := b.deleteStale(ctx, stale, undeletable); err != nil {
+					return err
+				}
+			}
+			break
+		}
+		var re *restoreError
+		if !errors.As(rerr, &re) || structural(rerr) {
+			return rerr
+		}
+		owner, _, named := blame(in, rerr)
+		switch {
+		case named && owner.kind == lineStale:
+			if undeletable[owner.chain] {
+				return rerr
+			}
+			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+			undeletable[owner.chain] = true
+		case named && owner.kind == lineService:
+			failed[owner.service] = rerr
+			iso.blamed()
+			cands = slices.DeleteFunc(cands, func(n types.NamespacedName) bool { return n == owner.service })
+		case len(cands) == 1:
+			failed[cands[0]] = rerr
+			iso.blamed()
+			cands = nil
+		case len(cands) == 0:
+			return rerr
+		default:
+			// Nothing to blame: hold half the Services back (as the kernel has them,
+			// when that is known) and try again with the rest.
+			half := len(cands) / 2
+			held = append(append([]types.NamespacedName(nil), cands[half:]...), held...)
+			cands = cands[:half]
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	// The Services held back go in now, one partial sync on top of the committed state.
+	var units []unit
+	for _, name := range held {
+		units = append(units, unit{name: name, old: b.applied[name], new: rendered[name]})
+	}
+	drift, err := b.applyUnits(ctx, units, failed)
+	if drift {
+		return fmt.Errorf("iptables rules changed during a full sync")
+	}
+	return err
+}
+
+// prestage writes Services' chains in batches of at most maxChains chains.
+func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolation) error {
+	var batches [][]*serviceRules
+	var cur []*serviceRules
+	n := 0
+	for _, s := range list {
+		if len(cur) > 0 && n+len(s.natChains) > b.maxChains {
+			batches = append(batches, cur)
+			cur, n = nil, 0
+		}
+		cur = append(cur, s)
+		n += len(s.natChains)
+	}
+	if len(cur) > 0 {
+		batches = append(batches, cur)
+	}
+	for len(batches) > 0 {
+		batch := batches[0]
+		batches = batches[1:]
+		if len(batch) == 0 {
+			continue
+		}
+		if err := iso.spend(); err != nil {
+			return err
+		}
+		in := renderChainsOnly(batch)
+		rerr := b.restore(ctx, in, true)
+		if rerr == nil {
+			for _, s := range batch {
+				done[s.name] = true
+			}
+			continue
+		}
+		var re *restoreError
+		if !errors.As(rerr, &re) || structural(rerr) {
+			return rerr
+		}
+		owner, _, named := blame(in, rerr)
+		switch {
+		case named && owner.kind == lineService:
+			failed[owner.service] = rerr
+			iso.blamed()
+			batches = append([][]*serviceRules{slices.DeleteFunc(batch, func(s *serviceRules) bool { return s.name == owner.service })}, batches...)
+		case len(batch) == 1:
+			failed[batch[0].name] = rerr
+			iso.blamed()
+		default:
+			half := len(batch) / 2
+			batches = append([][]*serviceRules{batch[:half], batch[half:]}, batches...)
+		}
+	}
+	return nil
+}
+
+// deleteStale flushes, then deletes, unused chains in bounded batches.
+func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable map[string]bool) error {
+	for _, batch := range chunkStrings(stale, b.maxChains) {
+		if err := b.restore(ctx, renderStaleFlush(batch), true); err != nil {
+			return fmt.Errorf("flushing unused chains: %w", err)
+		}
+	}
+	var todo []string
+	for _, c := range stale {
+		if !undeletable[c] {
+			todo = append(todo, c)
+		}
+	}
+	for _, batch := range chunkStrings(todo, b.maxChains) {
+		for len(batch) > 0 {
+			in := renderStaleDelete(batch)
+			rerr := b.restore(ctx, in, true)
+			if rerr == nil {
+				break
+			}
+			owner, _, named := blame(in, rerr)
+			if !named || owner.kind != lineStale {
+				return fmt.Errorf("deleting unused chains: %w", rerr)
+			}
+			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+			batch = slices.DeleteFunc(batch, func(c string) bool { return c == owner.chain })
+		}
+	}
+	return nil
+}
+
+func chunkStrings(s []string, n int) [][]string {
+	if n <= 0 || len(s) <= n {
+		if len(s) == 0 {
+			return nil
+		}
+		return [][]string{s}
+	}
+	var out [][]string
+	for len(s) > n {
+		out = append(out, s[:n])
+		s = s[n:]
+	}
+	return append(out, s)
+}
+
+// removeLeftoverRules runs once, after the first successful full sync, when sluice's rules
+// are in place: it removes kube-proxy rules from the other iptables flavour (rules of both
+// flavours are active at once) and the ipvs mode's chains and ipsets.
+func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
+	if b.opts.skipLeftovers {
+		return
+	}
+	other := FlavourLegacy
+	if b.tools.flavour == FlavourLegacy {
+		other = FlavourNFT
+	}
+	ipt, restore, save := toolNames(b.cfg.Family, other, b.tools.installed)
+	if _, err := b.tools.cmd.LookPath(restore); err == nil && b.opts.probe.inUse(other) && b.opts.probe.hasOwnedChains(ctx, other) {
+		t := &tools{flavour: other, installed: b.tools.installed, family: b.cfg.Family, iptables: ipt, restore: restore, save: save,
+			waitSeconds: b.tools.waitSeconds, cmd: b.tools.cmd}
+		if n, err := removeChains(ctx, t, ownedByIPTablesMode, 5000); err != nil {
+			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour", "flavour", other)
+		} else if n > 0 {
+			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "flavour", other, "chains", n)
+		}
+	}
+	ipvsChains := false
+	if kv != nil {
+		for table, chains := range ipvsOnlyChains {
+			for _, c := range chains {
+				ipvsChains = ipvsChains || kv.chains[table][c]
+			}
+		}
+	}
+	if !ipvsChains {
+		return
+	}
+	if n, err := removeChains(ctx, b.tools, ownedByIPVSModeOnly, 0); err != nil {
+		b.logger.Error(err, "Could not remove the ipvs mode's chains")
+	} else if n > 0 {
+		b.logger.Info("Removed the ipvs mode's chains", "chains", n)
+	}
+	if n, err := removeIPVSIPSets(); err != nil {
+		b.logger.Error(err, "Could not remove the ipvs mode's ipsets")
+	} else if n > 0 {
+		b.logger.Info("Removed the ipvs mode's ipsets", "ipsets", n)
+	}
+}
+
+// recordRuleMetrics sets the rule-count gauges from what the kernel holds.
+func (b *Backend) recordRuleMetrics(static *staticRules) {
+	fam := b.cfg.Family.String()
+	for _, table := range []string{tableFilter, tableNAT} {
+		metrics.IPTablesRulesLastSync.WithLabelValues(table, fam).Set(float64(b.stats.Rules[table]))
+	}
+	if !b.known {
+		return
+	}
+	nat, filter := static.ruleCount(tableNAT), static.ruleCount(tableFilter)
+	for _, a := range b.applied {
+		nat += a.natRules
+		filter += len(a.filterTop)
+	}
+	metrics.IPTablesRulesTotal.WithLabelValues(tableNAT, fam).Set(float64(nat))
+	metrics.IPTablesRulesTotal.WithLabelValues(tableFilter, fam).Set(float64(filter))
+}
+
+// Monitor watches the canary chain every interval and calls resync when it disappears
+// (a firewall reload or someone flushing the tables), as upstream's iptables monitor does.
+// Apply notices the missing canary too, but only when it runs; Monitor makes it run. It
+// returns when ctx ends. Run it in its own goroutine.
+func (b *Backend) Monitor(ctx context.Context, interval time.Duration, resync func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !b.synced.Load() {
+			continue
+		}
+		ok, err := b.canaryPresent()
+		if err != nil {
+			b.logger.V(2).Info("Could not check the iptables canary", "err", err)
+			continue
+		}
+		if !ok {
+			b.logger.Info("iptables canary chain is gone, asking for a full sync", "chain", chainCanary)
+			resync()
+		}
+	}
+}

@@ -1,0 +1,326 @@
+package iptables
+
+// Test conventions (as upstream's proxier tests):
+//
+//	node "node1", IPs 192.168.0.2 and fd00:192:168::2 (and 127.0.0.1, ::1 local)
+//	cluster (pod) CIDR 10.0.0.0/8 and fd00:10::/64; pods here 10.0.1.x, elsewhere 10.0.2.x
+//	ClusterIPs 172.30.0.0/16 and fd00:172:30::/64
+//	externalIPs 192.168.99.0/24, LoadBalancer IPs 5.6.7.0/24
+//	masquerade bit 14 (mark 0x004000)
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+const testNodeName = "node1"
+
+var (
+	testNodeIPv4 = netip.MustParseAddr("192.168.0.2")
+	testNodeIPv6 = netip.MustParseAddr("fd00:192:168::2")
+	testNode     = model.NodeInfo{Name: testNodeName, IPs: []netip.Addr{testNodeIPv4, testNodeIPv6},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24"), netip.MustParsePrefix("fd00:10::/64")}}
+	testLocalAddrs = []netip.Addr{testNodeIPv4, testNodeIPv6, netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}
+)
+
+func testConfig(family model.IPFamily) dataplane.Config {
+	cidr := netip.MustParsePrefix("10.0.0.0/8")
+	if family == model.IPv6 {
+		cidr = netip.MustParsePrefix("fd00:10::/64")
+	}
+	return dataplane.Config{
+		Family:             family,
+		NodeName:           testNodeName,
+		MasqueradeBit:      14,
+		LocalhostNodePorts: true,
+		NodePortAddresses:  dataplane.NodePortAddresses{MatchAll: true},
+		LocalDetector:      dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{cidr}},
+		SyncPeriod:         30 * time.Second,
+	}
+}
+
+// testClock is a settable clock.
+type testClock struct{ t time.Time }
+
+func (c *testClock) now() time.Time { return c.t }
+
+// newTestBackend returns a backend on a fake kernel.
+func newTestBackend(t testing.TB, cfg dataplane.Config, flavour Flavour, opts ...Option) (*Backend, *fakeKernel, *testClock) {
+	t.Helper()
+	k := newFakeKernel(flavour)
+	clock := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	base := []Option{
+		withCommander(k, flavour), WithFlavour(flavour), withEditor(k), withSysctl(fakeSysctl{}), withNFAcct(noNFAcct{}),
+		withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup(), WithClock(clock.now),
+		WithLocalAddresses(func() ([]netip.Addr, error) { return testLocalAddrs, nil }),
+	}
+	b, err := New(context.Background(), cfg, append(base, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return b, k, clock
+}
+
+// svc builds a Service; mutate adjusts it.
+func svc(ns, name, clusterIP string, mutate ...func(*v1.Service)) *v1.Service {
+	s := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1.ServiceSpec{
+			Type:       v1.ServiceTypeClusterIP,
+			ClusterIP:  clusterIP,
+			ClusterIPs: []string{clusterIP},
+			Ports:      []v1.ServicePort{{Name: "p80", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(80)}},
+		},
+	}
+	for _, m := range mutate {
+		m(s)
+	}
+	return s
+}
+
+func nodePort(port int32) func(*v1.Service) {
+	return func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = port
+	}
+}
+
+func loadBalancer(nodePort int32, ips ...string) func(*v1.Service) {
+	return func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = nodePort
+		for _, ip := range ips {
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
+		}
+	}
+}
+
+func externalIPs(ips ...string) func(*v1.Service) {
+	return func(s *v1.Service) { s.Spec.ExternalIPs = ips }
+}
+
+func etpLocal(hcPort int32) func(*v1.Service) {
+	return func(s *v1.Service) {
+		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+		s.Spec.HealthCheckNodePort = hcPort
+	}
+}
+
+func itpLocal(s *v1.Service) {
+	p := v1.ServiceInternalTrafficPolicyLocal
+	s.Spec.InternalTrafficPolicy = &p
+}
+
+func affinity(seconds int32) func(*v1.Service) {
+	return func(s *v1.Service) {
+		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &seconds}}
+	}
+}
+
+func sourceRanges(cidrs ...string) func(*v1.Service) {
+	return func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = cidrs }
+}
+
+func protocol(p v1.Protocol, port int32) func(*v1.Service) {
+	return func(s *v1.Service) {
+		s.Spec.Ports[0].Protocol = p
+		s.Spec.Ports[0].Port = port
+		s.Spec.Ports[0].TargetPort = intstr.FromInt32(port)
+	}
+}
+
+// ep describes one endpoint.
+type ep struct {
+	ip          string
+	node        string
+	notReady    bool
+	terminating bool
+}
+
+// slice builds the EndpointSlice of a Service, with every endpoint on port 80 (or the
+// Service's first port number when given).
+func slice(ns, svcName string, port int32, proto v1.Protocol, eps ...ep) *discoveryv1.EndpointSlice {
+	addrType := discoveryv1.AddressTypeIPv4
+	if len(eps) > 0 && strings.Contains(eps[0].ip, ":") {
+		addrType = discoveryv1.AddressTypeIPv6
+	}
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: svcName + "-abc", Labels: map[string]string{discoveryv1.LabelServiceName: svcName}},
+		AddressType: addrType,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("p80"), Port: ptr(port), Protocol: ptr(proto)}},
+	}
+	for _, e := range eps {
+		node := e.node
+		ready := !e.notReady && !e.terminating
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+			Addresses: []string{e.ip},
+			NodeName:  &node,
+			Conditions: discoveryv1.EndpointConditions{
+				Ready: ptr(ready), Serving: ptr(!e.notReady), Terminating: ptr(e.terminating),
+			},
+		})
+	}
+	return s
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// world is the cluster's objects; state computes one family's NodeState from them.
+type world struct {
+	services []*v1.Service
+	slices   []*discoveryv1.EndpointSlice
+}
+
+func (w *world) add(s *v1.Service, sl *discoveryv1.EndpointSlice) {
+	w.services = append(w.services, s)
+	if sl != nil {
+		w.slices = append(w.slices, sl)
+	}
+}
+
+// set replaces a Service and its slice.
+func (w *world) set(s *v1.Service, sl *discoveryv1.EndpointSlice) {
+	w.remove(s.Namespace, s.Name)
+	w.add(s, sl)
+}
+
+func (w *world) remove(ns, name string) {
+	w.services = slices.DeleteFunc(w.services, func(s *v1.Service) bool { return s.Namespace == ns && s.Name == name })
+	w.slices = slices.DeleteFunc(w.slices, func(s *discoveryv1.EndpointSlice) bool {
+		return s.Namespace == ns && s.Labels[discoveryv1.LabelServiceName] == name
+	})
+}
+
+func (w *world) state(family model.IPFamily) *model.NodeState {
+	return model.Compute(w.services, w.slices, testNode, nil, model.Options{Families: []model.IPFamily{family}})[family]
+}
+
+func full() model.Changes { return model.Changes{Full: true} }
+
+func changed(names ...string) model.Changes {
+	s := sets.New[types.NamespacedName]()
+	for _, n := range names {
+		ns, name, _ := strings.Cut(n, "/")
+		s.Insert(types.NamespacedName{Namespace: ns, Name: name})
+	}
+	return model.Changes{Services: s}
+}
+
+func mustApply(t testing.TB, b *Backend, st *model.NodeState, ch model.Changes) dataplane.Result {
+	t.Helper()
+	res := b.Apply(context.Background(), st, ch)
+	if res.Err != nil {
+		t.Fatalf("Apply: %v", res.Err)
+	}
+	if len(res.Failed) > 0 {
+		t.Fatalf("Apply: failed Services: %v", res.Failed)
+	}
+	return res
+}
+
+// assertConsistent checks invariants of a kernel after any sync: every jump goes to an
+// existing chain, every per-Service chain is referenced, and the nodeports jump is the
+// last rule of nat KUBE-SERVICES.
+func assertConsistent(t testing.TB, k *fakeKernel) {
+	t.Helper()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for tname, table := range k.tables {
+		referenced := map[string]bool{}
+		for cname, ch := range table.chains {
+			for _, r := range ch.rules {
+				tgt := targetOf(r.args)
+				if tgt == "" || isStandardTarget(tgt) {
+					continue
+				}
+				if _, ok := table.chains[tgt]; !ok {
+					t.Errorf("%s: %s jumps to missing chain %s", tname, cname, tgt)
+				}
+				referenced[tgt] = true
+			}
+		}
+		for cname := range table.chains {
+			if isServiceChain(cname) && !referenced[cname] {
+				t.Errorf("%s: chain %s is not referenced", tname, cname)
+			}
+		}
+	}
+	if ch, ok := k.tables[tableNAT].chains[chainServices]; ok && len(ch.rules) > 0 {
+		last := ch.rules[len(ch.rules)-1]
+		if targetOf(last.args) != chainNodePorts {
+			t.Errorf("nat KUBE-SERVICES: last rule is %q, not the jump to KUBE-NODEPORTS", last.spec)
+		}
+	}
+}
+
+// ruleSet returns every chain's rules of both tables, each chain's rules sorted when the
+// order does not matter (the top-level chains, written in a different order by partial
+// syncs), for comparing kernels.
+func ruleSet(k *fakeKernel) map[string][]string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := map[string][]string{}
+	for tname, table := range k.tables {
+		for cname, ch := range table.chains {
+			var rules []string
+			for _, r := range ch.rules {
+				rules = append(rules, strings.Join(r.args, " "))
+			}
+			if !isServiceChain(cname) {
+				slices.Sort(rules)
+			}
+			out[tname+"/"+cname] = rules
+		}
+	}
+	return out
+}
+
+type (
+	netipAddrT  = netip.Addr
+	netipPrefix = netip.Prefix
+)
+
+func netipAddr(s string) netip.Addr    { return netip.MustParseAddr(s) }
+func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// scaleState builds n ClusterIP Services (ns<i/100>/svc<i>, port 80/TCP) with eps ready
+// endpoints each on other nodes, directly as model values (benchmarks need 10 000 fast).
+func scaleState(n, eps int) *model.NodeState {
+	st := model.NewNodeState(model.IPv4, testNode)
+	for i := 0; i < n; i++ {
+		name := types.NamespacedName{Namespace: "ns" + strconv.Itoa(i/100), Name: "svc" + strconv.Itoa(i)}
+		sp := &model.ServicePort{
+			Name:            model.ServicePortName{NamespacedName: name, Port: "p80", Protocol: model.TCP},
+			Type:            model.TypeClusterIP,
+			ClusterIP:       netip.AddrFrom4([4]byte{172, byte(16 + i>>16), byte(i >> 8), byte(i)}),
+			Port:            80,
+			HasAnyEndpoints: eps > 0,
+		}
+		for e := 0; e < eps; e++ {
+			j := i*eps + e
+			sp.AllEndpoints = append(sp.AllEndpoints, model.Endpoint{
+				IP: netip.AddrFrom4([4]byte{10, byte(j >> 16), byte(j >> 8), byte(j)}), Port: 8080,
+				Ready: true, Serving: true, NodeName: "node2",
+			})
+		}
+		sp.ClusterEndpoints = sp.AllEndpoints
+		st.SetService(name, []*model.ServicePort{sp}, nil)
+	}
+	return st
+}

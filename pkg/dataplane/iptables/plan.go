@@ -1,0 +1,491 @@
+package iptables
+
+import (
+	"bytes"
+	"hash/fnv"
+	"slices"
+	"sort"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// This file assembles iptables-restore input from rendered rules, remembering which
+// Service every line belongs to, so that when iptables-restore rejects line N the backend
+// knows whom to blame.
+
+// lineKind says what a line of restore input does, for error attribution.
+type lineKind uint8
+
+const (
+	// lineGlobal: table headers, COMMIT, static rules, top-level chain declarations.
+	lineGlobal lineKind = iota
+	// lineService: a Service's chain declaration or rule.
+	lineService
+	// lineDelete: a `-D` of a Service's top-level rule. It fails only when the kernel does
+	// not hold what sluice believes it wrote: drift, answered with a full sync.
+	lineDelete
+	// lineStale: the flush or `-X` of a chain nobody uses any more.
+	lineStale
+)
+
+// lineOwner is who a line of restore input belongs to.
+type lineOwner struct {
+	kind lineKind
+	// service is set for lineService and lineDelete.
+	service types.NamespacedName
+	// chain is set for lineStale.
+	chain string
+}
+
+// ownerRun says that lines from first on (until the next run) belong to owner.
+type ownerRun struct {
+	first int
+	owner lineOwner
+}
+
+// restoreInput is one iptables-restore input with its line ownership.
+type restoreInput struct {
+	buf   bytes.Buffer
+	lines int
+	runs  []ownerRun
+	// rules counts `-A`/`-I` lines per table (the sync_proxy_rules_iptables_last gauge).
+	rules map[string]int
+	table string
+	// services lists every Service with at least one line, in order of first appearance.
+	services []types.NamespacedName
+	seen     map[types.NamespacedName]bool
+}
+
+func newRestoreInput() *restoreInput {
+	return &restoreInput{rules: map[string]int{}, seen: map[types.NamespacedName]bool{}}
+}
+
+// add appends one line.
+func (r *restoreInput) add(o lineOwner, text string) {
+	r.lines++
+	if n := len(r.runs); n == 0 || r.runs[n-1].owner != o {
+		r.runs = append(r.runs, ownerRun{first: r.lines, owner: o})
+	}
+	if o.kind == lineService && !r.seen[o.service] {
+		r.seen[o.service] = true
+		r.services = append(r.services, o.service)
+	}
+	if strings.HasPrefix(text, "-A ") || strings.HasPrefix(text, "-I ") {
+		r.rules[r.table]++
+	}
+	r.buf.WriteString(text)
+	r.buf.WriteByte('\n')
+}
+
+func (r *restoreInput) beginTable(table string) {
+	r.table = table
+	r.add(lineOwner{}, "*"+table)
+}
+
+func (r *restoreInput) commit() { r.add(lineOwner{}, "COMMIT") }
+
+// ownerOf returns the owner of a 1-based line number.
+func (r *restoreInput) ownerOf(n int) lineOwner {
+	i := sort.Search(len(r.runs), func(i int) bool { return r.runs[i].first > n }) - 1
+	if i < 0 || n > r.lines {
+		return lineOwner{}
+	}
+	return r.runs[i].owner
+}
+
+// tableOf returns the table whose section holds line n ("" before the first header).
+func (r *restoreInput) tableOf(n int) string {
+	table := ""
+	for i, l := range bytes.SplitN(r.buf.Bytes(), []byte("\n"), n+1) {
+		if i >= n {
+			break
+		}
+		if len(l) > 0 && l[0] == '*' {
+			table = string(l[1:])
+		}
+	}
+	return table
+}
+
+func (r *restoreInput) empty() bool { return r.lines == 0 }
+
+func (r *restoreInput) String() string { return r.buf.String() }
+
+// declLine returns the restore line that creates chain, or flushes it if it exists.
+func declLine(chain string) string { return ":" + chain + " - [0:0]" }
+
+// byNameDesc sorts chain declarations in reverse name order. Both libiptc (legacy) and
+// iptables-nft keep user chains in a sorted list and insert each new one by walking it
+// from the front; reverse order makes every insertion hit the front. On 110 000 new chains
+// this takes iptables-legacy-restore from 13 s to 11 s, and iptables-nft-restore's batches
+// three times faster (docs/benchmarks-iptables.md).
+type chainDecl struct {
+	chain string
+	owner lineOwner
+}
+
+func writeDecls(r *restoreInput, decls []chainDecl) {
+	slices.SortFunc(decls, func(a, b chainDecl) int { return strings.Compare(b.chain, a.chain) })
+	for _, d := range decls {
+		r.add(d.owner, declLine(d.chain))
+	}
+}
+
+// appliedService is what the kernel holds for one Service, as far as sluice knows: enough
+// to undo it (delete its top-level rules and chains) without reading the kernel.
+type appliedService struct {
+	natChains                        []appliedChain
+	natTop                           []topRule
+	filterTop                        []topRule
+	natRules                         int
+	noLocalInternal, noLocalExternal int
+}
+
+// appliedChain is one per-Service chain in the kernel and a hash of its rules: a partial
+// sync rewrites only chains whose rules changed (moving one endpoint rewrites the KUBE-SVC
+// chain and one KUBE-SEP chain, not the other endpoints' chains).
+type appliedChain struct {
+	name string
+	sum  uint64
+}
+
+func chainSum(c *chainRules) uint64 {
+	h := fnv.New64a()
+	for _, r := range c.rules {
+		h.Write([]byte(r))
+		h.Write([]byte{'\n'})
+	}
+	return h.Sum64()
+}
+
+func appliedFrom(s *serviceRules) *appliedService {
+	a := &appliedService{natTop: s.natTop, filterTop: s.filterTop, natRules: s.natRuleCount(),
+		noLocalInternal: s.noLocalInternal, noLocalExternal: s.noLocalExternal,
+		natChains: make([]appliedChain, 0, len(s.natChains))}
+	for i := range s.natChains {
+		a.natChains = append(a.natChains, appliedChain{s.natChains[i].name, chainSum(&s.natChains[i])})
+	}
+	return a
+}
+
+// unit is the change of one Service in a partial sync: from old (nil: not in the kernel) to
+// new (nil: remove it). Units of different Services touch disjoint chains and rules, so any
+// subset of them is a valid restore on its own.
+type unit struct {
+	name types.NamespacedName
+	old  *appliedService
+	new  *serviceRules
+}
+
+// renderUnits builds the restore input of a partial sync: for each Service, its top-level
+// rules are deleted and inserted one by one (`-D`, `-I`/`-A`) and its own chains flushed and
+// rewritten. Nothing else is written, so the size depends on what changed, not on how many
+// Services exist.
+func renderUnits(units []unit) *restoreInput {
+	r := newRestoreInput()
+	var natDecls []chainDecl
+	var natDeletes, natAdds, natRules, natStale, filterDeletes, filterAdds []ownedLine
+	for _, u := range units {
+		owner := lineOwner{kind: lineService, service: u.name}
+		del := lineOwner{kind: lineDelete, service: u.name}
+		var oldNat, oldFilter []topRule
+		oldChains := map[string]uint64{}
+		if u.old != nil {
+			oldNat, oldFilter = u.old.natTop, u.old.filterTop
+			for _, c := range u.old.natChains {
+				oldChains[c.name] = c.sum
+			}
+		}
+		var newNat, newFilter []topRule
+		newChains := map[string]bool{}
+		if u.new != nil {
+			newNat, newFilter = u.new.natTop, u.new.filterTop
+			for i := range u.new.natChains {
+				c := &u.new.natChains[i]
+				newChains[c.name] = true
+				if sum, ok := oldChains[c.name]; ok && sum == chainSum(c) {
+					continue
+				}
+				natDecls = append(natDecls, chainDecl{c.name, owner})
+				for _, l := range c.rules {
+					natRules = append(natRules, ownedLine{owner, l})
+				}
+			}
+		}
+		gone, added := diffTop(oldNat, newNat)
+		for _, t := range gone {
+			natDeletes = append(natDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
+		}
+		for _, t := range added {
+			natAdds = append(natAdds, ownedLine{owner, addLine(tableNAT, t)})
+		}
+		gone, added = diffTop(oldFilter, newFilter)
+		for _, t := range gone {
+			filterDeletes = append(filterDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
+		}
+		for _, t := range added {
+			filterAdds = append(filterAdds, ownedLine{owner, addLine(tableFilter, t)})
+		}
+		for _, oc := range u.old.chainNames() {
+			if c := oc; !newChains[c] {
+				stale := lineOwner{kind: lineStale, chain: c}
+				natDecls = append(natDecls, chainDecl{c, stale})
+				natStale = append(natStale, ownedLine{stale, "-X " + c})
+			}
+		}
+	}
+	// nat first: a Service gaining endpoints is DNATed before its REJECT goes away, and
+	// when nat fails nothing at all was committed.
+	if len(natDecls)+len(natDeletes)+len(natAdds) > 0 {
+		r.beginTable(tableNAT)
+		writeDecls(r, natDecls)
+		writeOwned(r, natDeletes, natAdds, natRules, natStale)
+		r.commit()
+	}
+	if len(filterDeletes)+len(filterAdds) > 0 {
+		r.beginTable(tableFilter)
+		writeOwned(r, filterDeletes, filterAdds)
+		r.commit()
+	}
+	return r
+}
+
+type ownedLine struct {
+	owner lineOwner
+	text  string
+}
+
+func writeOwned(r *restoreInput, groups ...[]ownedLine) {
+	for _, g := range groups {
+		for _, l := range g {
+			r.add(l.owner, l.text)
+		}
+	}
+}
+
+// addLine returns the line that adds a top-level rule in a partial sync. In nat
+// KUBE-SERVICES the rule is inserted at the top, because the jump to KUBE-NODEPORTS must
+// stay last; everywhere else order does not matter and it is appended.
+func addLine(table string, t topRule) string {
+	if table == tableNAT && t.chain == chainServices {
+		return "-I " + t.chain + " 1 " + t.spec
+	}
+	return "-A " + t.chain + " " + t.spec
+}
+
+// diffTop returns the rules only in old and only in new, each in its original order.
+func diffTop(old, new []topRule) (gone, added []topRule) {
+	if len(old) == 0 {
+		return nil, dedupTop(new)
+	}
+	in := func(list []topRule) map[topRule]bool {
+		m := make(map[topRule]bool, len(list))
+		for _, t := range list {
+			m[t] = true
+		}
+		return m
+	}
+	oldSet, newSet := in(old), in(new)
+	for _, t := range dedupTop(old) {
+		if !newSet[t] {
+			gone = append(gone, t)
+		}
+	}
+	for _, t := range dedupTop(new) {
+		if !oldSet[t] {
+			added = append(added, t)
+		}
+	}
+	return gone, added
+}
+
+func dedupTop(list []topRule) []topRule {
+	seen := make(map[topRule]bool, len(list))
+	out := list[:0:0]
+	for _, t := range list {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// fullPlan is the input of a full sync.
+type fullPlan struct {
+	static *staticRules
+	// write are the Services to program, sorted by name.
+	write []*serviceRules
+	// keep are Services left as the kernel holds them (held back while isolating a
+	// failure): their top-level rules are written again from memory, their chains are not
+	// touched.
+	keep []*appliedService
+	// prestaged names Services whose chains an earlier restore of this sync already wrote;
+	// only their top-level rules are written now.
+	prestaged map[types.NamespacedName]bool
+	// stale are existing per-Service nat chains used by nobody in write or keep.
+	stale []string
+	// undeletable are stale chains that the kernel refused to delete (someone else jumps to
+	// them): they are flushed but kept.
+	undeletable map[string]bool
+	// canary declares KUBE-PROXY-CANARY in mangle, nat and filter.
+	canary bool
+}
+
+// renderFull builds the restore input of a full sync: every top-level chain is flushed and
+// rewritten, every Service's chains are flushed and rewritten, and stale chains are
+// deleted, all in one transaction per table, so traffic never sees a half-written state.
+func renderFull(p *fullPlan) *restoreInput {
+	r := newRestoreInput()
+	global := lineOwner{}
+	if p.canary {
+		r.beginTable(tableMangle)
+		r.add(global, declLine(chainCanary))
+		r.commit()
+	}
+
+	r.beginTable(tableNAT)
+	for _, c := range natTopChains {
+		r.add(global, declLine(c))
+	}
+	if p.canary {
+		r.add(global, declLine(chainCanary))
+	}
+	var decls []chainDecl
+	for _, s := range p.write {
+		if p.prestaged[s.name] {
+			continue
+		}
+		o := lineOwner{kind: lineService, service: s.name}
+		for _, c := range s.natChains {
+			decls = append(decls, chainDecl{c.name, o})
+		}
+	}
+	for _, c := range p.stale {
+		decls = append(decls, chainDecl{c, lineOwner{kind: lineStale, chain: c}})
+	}
+	writeDecls(r, decls)
+	for _, l := range p.static.natHead {
+		r.add(global, l)
+	}
+	for _, k := range p.keep {
+		for _, t := range dedupTop(k.natTop) {
+			r.add(global, "-A "+t.chain+" "+t.spec)
+		}
+	}
+	for _, s := range p.write {
+		o := lineOwner{kind: lineService, service: s.name}
+		for _, t := range dedupTop(s.natTop) {
+			r.add(o, "-A "+t.chain+" "+t.spec)
+		}
+		if p.prestaged[s.name] {
+			continue
+		}
+		for _, c := range s.natChains {
+			for _, l := range c.rules {
+				r.add(o, l)
+			}
+		}
+	}
+	for _, l := range p.static.natTail {
+		r.add(global, l)
+	}
+	for _, c := range p.stale {
+		if !p.undeletable[c] {
+			r.add(lineOwner{kind: lineStale, chain: c}, "-X "+c)
+		}
+	}
+	r.commit()
+
+	r.beginTable(tableFilter)
+	for _, c := range filterTopChains {
+		r.add(global, declLine(c))
+	}
+	if p.static.kubeletFirewall {
+		r.add(global, declLine(chainKubeletFirewall))
+	}
+	if p.canary {
+		r.add(global, declLine(chainCanary))
+	}
+	for _, l := range p.static.filter {
+		r.add(global, l)
+	}
+	for _, k := range p.keep {
+		for _, t := range dedupTop(k.filterTop) {
+			r.add(global, "-A "+t.chain+" "+t.spec)
+		}
+	}
+	for _, s := range p.write {
+		o := lineOwner{kind: lineService, service: s.name}
+		for _, t := range dedupTop(s.filterTop) {
+			r.add(o, "-A "+t.chain+" "+t.spec)
+		}
+	}
+	r.commit()
+	return r
+}
+
+// renderChainsOnly builds a restore input that only declares and fills the given Services'
+// chains: the first stage of a full sync split into several restores. Nothing refers to
+// new chains yet, and chains already in use get content that is complete on its own, so
+// each of these restores can commit without disturbing traffic.
+func renderChainsOnly(services []*serviceRules) *restoreInput {
+	r := newRestoreInput()
+	r.beginTable(tableNAT)
+	var decls []chainDecl
+	for _, s := range services {
+		o := lineOwner{kind: lineService, service: s.name}
+		for _, c := range s.natChains {
+			decls = append(decls, chainDecl{c.name, o})
+		}
+	}
+	writeDecls(r, decls)
+	for _, s := range services {
+		o := lineOwner{kind: lineService, service: s.name}
+		for _, c := range s.natChains {
+			for _, l := range c.rules {
+				r.add(o, l)
+			}
+		}
+	}
+	r.commit()
+	return r
+}
+
+// renderStaleFlush flushes chains nobody uses any more, and renderStaleDelete deletes
+// them: the last stages of a full sync split into several restores. Stale chains may jump
+// to each other, so all of them are flushed before any is deleted.
+func renderStaleFlush(chains []string) *restoreInput {
+	r := newRestoreInput()
+	r.beginTable(tableNAT)
+	var decls []chainDecl
+	for _, c := range chains {
+		decls = append(decls, chainDecl{c, lineOwner{kind: lineStale, chain: c}})
+	}
+	writeDecls(r, decls)
+	r.commit()
+	return r
+}
+
+func renderStaleDelete(chains []string) *restoreInput {
+	r := newRestoreInput()
+	r.beginTable(tableNAT)
+	for _, c := range chains {
+		r.add(lineOwner{kind: lineStale, chain: c}, "-X "+c)
+	}
+	r.commit()
+	return r
+}
+
+// chainNames returns the names of the Service's chains (none for nil).
+func (a *appliedService) chainNames() []string {
+	if a == nil {
+		return nil
+	}
+	out := make([]string, len(a.natChains))
+	for i, c := range a.natChains {
+		out[i] = c.name
+	}
+	return out
+}
