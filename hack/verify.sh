@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Static checks: formatting, go vet (every build tag), and the import direction of the
+# layers (API -> model -> backend -> kernel; see README "Layout").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fail=0
+
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "verify: not gofmt'ed:" >&2
+  echo "$unformatted" >&2
+  fail=1
+fi
+
+go vet ./...
+go vet -tags kernel ./pkg/... ./test/netnstest/... ./test/topology/...
+go vet -tags e2e ./test/e2e/...
+go vet -tags conformance ./test/conformance/...
+
+# forbid PKG_PATTERN IMPORT_REGEX WHY: no package matching PKG_PATTERN may import (directly)
+# a package matching IMPORT_REGEX.
+forbid() {
+  local pkgs="$1" re="$2" why="$3" out
+  out=$(go list -f '{{.ImportPath}}: {{join .Imports " "}}' $pkgs 2>/dev/null | awk -v re="$re" '{
+      for (i = 2; i <= NF; i++) if ($i ~ re) print $1 " imports " $i }')
+  if [ -n "$out" ]; then
+    echo "verify: $why" >&2
+    echo "$out" >&2
+    fail=1
+  fi
+}
+forbid ./pkg/model/... '^(k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(dataplane|syncloop|app|watch|health|conntrack)|github\.com/(vishvananda|google/nftables|moby|coreos))' \
+  "the model is pure: no client-go, no backend, no netlink"
+forbid ./pkg/dataplane/... '^(k8s\.io/api/|k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(syncloop|app|watch|config))' \
+  "backends see only the model's types, never API objects, the sync loop or the config"
+forbid ./pkg/watch/... '^github\.com/sluiceproxy/sluice/pkg/(dataplane|syncloop|app)' \
+  "the watch layer only records changes"
+forbid ./pkg/syncloop/... '^(k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(watch|app|config))' \
+  "the sync loop knows the tracker and backends, not the API"
+
+exit $fail
