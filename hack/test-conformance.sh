@@ -14,9 +14,15 @@
 #   SLUICE_BIN, SLUICE_ECHOSERVER
 #                   prebuilt binaries; default: `make build` and bin/
 #   GO_TEST_FLAGS   extra `go test` flags (default "-v")
+#   REFERENCE=1     run the suite against upstream kube-proxy $KUBE_VERSION instead of sluice,
+#                   to check the suite itself: upstream's behaviour is our contract, so every
+#                   case must pass against it. kube-proxy is built once from the Go module
+#                   proxy, like hack/control-plane.sh builds kube-apiserver, and cached in
+#                   $SLUICE_CACHE/bin (a few minutes the first time).
 #
 # Usage: hack/test-conformance.sh            (what `make test-conformance` runs)
 #        BACKENDS=nftables RUN=TestConformance/UDPFlowFollowsReplacedBackend hack/test-conformance.sh
+#        REFERENCE=1 hack/test-conformance.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,10 +36,48 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-if [ -z "${SLUICE_BIN:-}" ] || [ -z "${SLUICE_ECHOSERVER:-}" ]; then
+# build_reference_kube_proxy builds upstream kube-proxy (cached) and prints its path.
+build_reference_kube_proxy() {
+  local version="${KUBE_VERSION:-v1.37.2}"
+  local bin="${SLUICE_CACHE:-${HOME}/.cache/sluice}/bin/kube-proxy-${version}"
+  if [ ! -x "$bin" ]; then
+    log "building upstream kube-proxy ${version} from the Go module proxy (first run only)"
+    local work; work="$(mktemp -d)"
+    (
+      set -e
+      cd "$work"
+      go mod init sluice.local/kube-proxy-reference >/dev/null 2>&1
+      local gomod; gomod="$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+      # Each staging module is replaced by its published v0.x release of the same minor.
+      local sv="v0.${version#v1.}" args=(-require "k8s.io/kubernetes@${version}")
+      for m in $(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
+        args+=(-replace "${m}=${m}@${sv}")
+      done
+      go mod edit "${args[@]}"
+      printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-proxy"\n' > tools.go
+      go mod tidy >/dev/null
+      mkdir -p "$(dirname "$bin")"
+      CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "${bin}.tmp" k8s.io/kubernetes/cmd/kube-proxy
+      mv "${bin}.tmp" "$bin"
+    ) >&2 || { rm -rf "$work"; return 1; }
+    rm -rf "$work"
+  fi
+  echo "$bin"
+}
+
+if [ "${REFERENCE:-}" = 1 ]; then
+  SLUICE_BIN="$(build_reference_kube_proxy)" || { log "building kube-proxy failed"; exit 1; }
+  export SLUICE_BIN
+  log "reference run: the suite against upstream ${SLUICE_BIN}"
+fi
+
+if [ -z "${SLUICE_BIN:-}" ]; then
   make --no-print-directory build || { log "make build failed"; exit 1; }
-  export SLUICE_BIN="${SLUICE_BIN:-$PWD/bin/sluice}"
+  export SLUICE_BIN="$PWD/bin/sluice"
   export SLUICE_ECHOSERVER="${SLUICE_ECHOSERVER:-$PWD/bin/echoserver}"
+elif [ -z "${SLUICE_ECHOSERVER:-}" ]; then
+  CGO_ENABLED=0 go build -trimpath -o bin/echoserver ./test/echoserver || { log "building the echo server failed"; exit 1; }
+  export SLUICE_ECHOSERVER="$PWD/bin/echoserver"
 fi
 cp_env="$(hack/control-plane.sh --env)" || { log "hack/control-plane.sh failed"; exit 1; }
 eval "$cp_env"
