@@ -1,0 +1,206 @@
+//go:build kernel
+
+package conntrack
+
+// Kernel test with real UDP: the node is this process's private network namespace, a
+// client and two pods are named namespaces behind veths, and DNAT rules stand for a
+// Service (written with iptables directly: this package is backend-neutral).
+//
+//	client 192.168.200.2 ──veth── 192.168.200.1  NODE  10.1.1.1 ──veth── 10.1.1.2 pod-a
+//	                                                   10.1.2.1 ──veth── 10.1.2.2 pod-b
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/netnstest"
+)
+
+func TestMain(m *testing.M) { netnstest.Main(m) }
+
+func run(t *testing.T, args ...string) { t.Helper(); netnstest.MustRun(t, args[0], args[1:]...) }
+
+func setup(t *testing.T) (client string) {
+	t.Helper()
+	client = netnstest.NewNamed(t, "ctclient")
+	podA, podB := netnstest.NewNamed(t, "ctpoda"), netnstest.NewNamed(t, "ctpodb")
+	link := func(ns, hostIf, hostIP, nsIP string) {
+		run(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
+		run(t, "ip", "addr", "add", hostIP+"/24", "dev", hostIf)
+		run(t, "ip", "link", "set", hostIf, "up")
+		run(t, "ip", "-n", ns, "addr", "add", nsIP+"/24", "dev", "eth0")
+		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
+		run(t, "ip", "-n", ns, "route", "add", "default", "via", hostIP)
+	}
+	link(client, "ctc", "192.168.200.1", "192.168.200.2")
+	link(podA, "cta", "10.1.1.1", "10.1.1.2")
+	link(podB, "ctb", "10.1.2.1", "10.1.2.2")
+	run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+	// The Service range leads somewhere (back to the client, which drops it): a datagram
+	// sent while the Service has no DNAT rule then leaves a conntrack entry.
+	run(t, "ip", "route", "replace", "172.30.0.0/16", "via", "192.168.200.2")
+	serveUDP(t, podA, "pod-a")
+	serveUDP(t, podB, "pod-b")
+	// The Service's rules live in a chain of their own: PREROUTING keeps its jump, so the
+	// nat base chain (and with it NAT of existing flows) never goes away.
+	// Connection tracking runs in a namespace only while some rule uses it; a Service
+	// losing its last DNAT rule must not switch it off (a proxy's own rules always use it).
+	run(t, "iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP")
+	run(t, "iptables", "-t", "nat", "-N", "TEST-SVC")
+	run(t, "iptables", "-t", "nat", "-A", "PREROUTING", "-j", "TEST-SVC")
+	t.Cleanup(func() {
+		_ = exec.Command("iptables", "-t", "nat", "-F", "PREROUTING").Run()
+		_ = exec.Command("iptables", "-t", "nat", "-F", "TEST-SVC").Run()
+		_ = exec.Command("iptables", "-t", "nat", "-X", "TEST-SVC").Run()
+		_ = exec.Command("iptables", "-F", "FORWARD").Run()
+	})
+	return client
+}
+
+func serveUDP(t *testing.T, ns, name string) {
+	var pc net.PacketConn
+	if err := netnstest.Do(ns, func() error {
+		var err error
+		pc, err = net.ListenPacket("udp", ":5353")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, addr, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(name), addr)
+		}
+	}()
+}
+
+// dnat points a Service frontend at one endpoint ("" for none).
+func dnat(t *testing.T, dst string, port int, endpoint string) {
+	t.Helper()
+	run(t, "iptables", "-t", "nat", "-F", "TEST-SVC")
+	if endpoint != "" {
+		run(t, "iptables", "-t", "nat", "-A", "TEST-SVC", "-d", dst, "-p", "udp", "--dport", fmt.Sprint(port),
+			"-j", "DNAT", "--to-destination", endpoint+":5353")
+	}
+}
+
+// ask sends one datagram on the client's socket and returns the answer ("" for none).
+func ask(c net.Conn) string {
+	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	if _, err := c.Write([]byte("?")); err != nil {
+		return ""
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil {
+		return ""
+	}
+	return string(buf[:n])
+}
+
+func dnsState(frontendIP string, nodePort int32, endpoints ...string) *model.NodeState {
+	sp := udpService("ns", "dns", frontendIP, nodePort)
+	for _, e := range endpoints {
+		sp.AllEndpoints = append(sp.AllEndpoints, model.Endpoint{IP: netip.MustParseAddr(e), Port: 5353, Ready: true, Serving: true})
+	}
+	return state(sp)
+}
+
+func TestKernelStaleUDPEntriesFollowEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		name, dst string
+		port      int
+	}{
+		{name: "ClusterIP", dst: "172.30.0.20", port: 53},
+		{name: "NodePort", dst: "192.168.200.1", port: 30053},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := setup(t)
+			var c net.Conn
+			if err := netnstest.Do(client, func() error {
+				var err error
+				c, err = net.Dial("udp", net.JoinHostPort(tc.dst, fmt.Sprint(tc.port)))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			r := NewReconciler(model.IPv4)
+			ctx := context.Background()
+			state := func(eps ...string) *model.NodeState {
+				if tc.name == "ClusterIP" {
+					return dnsState(tc.dst, 0, eps...)
+				}
+				return dnsState("172.30.0.21", int32(tc.port), eps...)
+			}
+			reconcile := func(st *model.NodeState) int {
+				t.Helper()
+				n, err := r.Reconcile(ctx, st, changedServices("ns/dns"))
+				if err != nil {
+					t.Fatalf("Reconcile: %v", err)
+				}
+				return n
+			}
+
+			dnat(t, tc.dst, tc.port, "10.1.1.2")
+			if got := ask(c); got != "pod-a" {
+				t.Fatalf("first datagram reached %q, want pod-a", got)
+			}
+
+			// Endpoint A replaced by B.
+			dnat(t, tc.dst, tc.port, "10.1.2.2")
+			if got := ask(c); got != "pod-a" {
+				t.Fatalf("without reconciling, the old entry should still lead to pod-a, got %q", got)
+			}
+			if n := reconcile(state("10.1.2.2")); n < 1 {
+				t.Fatalf("deleted %d entries, want at least 1", n)
+			}
+			if got := ask(c); got != "pod-b" {
+				t.Fatalf("after reconciling, the same socket reached %q, want pod-b", got)
+			}
+			if n := reconcile(state("10.1.2.2")); n != 0 {
+				t.Errorf("second reconcile deleted %d entries of a serving endpoint", n)
+			}
+
+			// Scaled to zero (N -> 0).
+			dnat(t, tc.dst, tc.port, "")
+			if got := ask(c); got != "pod-b" {
+				t.Fatalf("without reconciling, the old entry should still lead to pod-b, got %q", got)
+			}
+			if n := reconcile(state()); n < 1 {
+				t.Fatalf("scale to zero: deleted %d entries, want at least 1", n)
+			}
+			if got := ask(c); got != "" {
+				t.Fatalf("after scaling to zero the socket still reached %q", got)
+			}
+
+			// Scaled up again (0 -> N): the datagram just sent left an entry that was
+			// not DNATed (ClusterIP) or went to the node itself (NodePort).
+			dnat(t, tc.dst, tc.port, "10.1.1.2")
+			if got := ask(c); got != "" {
+				t.Fatalf("without reconciling, the entry from the empty time should still miss, got %q", got)
+			}
+			if n := reconcile(state("10.1.1.2")); n < 1 {
+				t.Fatalf("scale from zero: deleted %d entries, want at least 1", n)
+			}
+			if got := ask(c); got != "pod-a" {
+				t.Fatalf("after scaling up, the same socket reached %q, want pod-a", got)
+			}
+			out, _ := exec.Command("conntrack", "-L", "-p", "udp").CombinedOutput()
+			t.Logf("conntrack table at the end:\n%s", strings.TrimSpace(string(out)))
+		})
+	}
+}
