@@ -12,4 +12,4 @@ fi
 # and the machine has two cores.
 # shellcheck disable=SC2086
 exec go test -tags kernel -count=1 -p 1 -timeout "${KERNEL_TIMEOUT:-20m}" ${GOTESTFLAGS:-} \
-  $(go list -tags kernel -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./pkg/... ./test/netnstest/... ./test/topology/... | tr '\n' ' ') "$@"
+  $(go list -tags kernel -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./pkg/... ./test/netnstest/... ./test/topology/... ./test/echoserver/... | tr '\n' ' ') "$@"
