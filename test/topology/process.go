@@ -120,24 +120,30 @@ func (c *Cluster) stopAll() {
 }
 
 // EchoServerBinary returns the path of a static echoserver binary: $SLUICE_ECHOSERVER when
-// set, else one built once per test process with `go build` (cached by the Go toolchain).
+// set, else one built once per test process with `go build` (cached by the Go toolchain)
+// into a fixed place under the temporary directory, so that runs do not pile up copies.
 func EchoServerBinary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("SLUICE_ECHOSERVER"); p != "" {
 		return p
 	}
 	echoBuild.Do(func() {
-		dir, err := os.MkdirTemp("", "sluice-echoserver-")
-		if err != nil {
-			echoBuild.err = err
+		dir := filepath.Join(os.TempDir(), "sluice-conformance-bin")
+		if echoBuild.err = os.MkdirAll(dir, 0o755); echoBuild.err != nil {
 			return
 		}
 		echoBuild.path = filepath.Join(dir, "echoserver")
-		cmd := exec.Command("go", "build", "-o", echoBuild.path, "github.com/sluiceproxy/sluice/test/echoserver")
+		// Built under a private name and renamed into place: a concurrent run keeps
+		// executing the file it started with.
+		tmp := fmt.Sprintf("%s.%d", echoBuild.path, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, "github.com/sluiceproxy/sluice/test/echoserver")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
 			echoBuild.err = fmt.Errorf("go build echoserver: %w: %s", err, out)
+			return
 		}
+		echoBuild.err = os.Rename(tmp, echoBuild.path)
 	})
 	if echoBuild.err != nil {
 		t.Fatal(echoBuild.err)
