@@ -49,6 +49,7 @@ var cases = []conformanceCase{
 	{"EndpointsAcrossSlices", endpointsAcrossSlices},
 	{"LocalPolicyDoesNotApplyToClusterClients", localPolicyDoesNotApplyToClusterClients},
 	{"UDPFlowRecoversWhenEndpointsAppear", udpFlowRecoversWhenEndpointsAppear},
+	{"LocalPolicyDrainsLocalTerminatingEndpoints", localPolicyDrainsLocalTerminatingEndpoints},
 }
 
 // disruptiveCases restart sluice or the apiserver, which every case depends on: they run
@@ -308,6 +309,37 @@ func loadBalancerLocalWithHealthCheck(t *testing.T, e *env) {
 		})
 	}
 	e.expectResult(t, from(e.topo.External), echo.TCP, at(lb, 80), e.caps.NoLocalEndpoints...)
+}
+
+// With externalTrafficPolicy Local, a node whose local endpoints are all terminating but
+// still serving keeps sending external traffic to them rather than dropping it (local and
+// cluster endpoints fall back independently), while its healthCheckNodePort already
+// answers 503, so the load balancer drains the node.
+func localPolicyDrainsLocalTerminatingEndpoints(t *testing.T, e *env) {
+	a0, _, b0, _ := e.pods()
+	nodeA, nodeB := e.nodes()
+	s := service(e.namespace(t), "lb-drain", corev1.ServiceTypeLoadBalancer, port("http", corev1.ProtocolTCP, 80))
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	svc := e.createService(t, s)
+	e.setEndpoints(t, svc, ready(a0), ready(b0))
+	lb := e.vip(t, "192.0.2", nodeA)
+	svc = e.setLoadBalancerIngress(t, svc, lb)
+	e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "a0")
+
+	e.setEndpoints(t, svc, terminating(a0, true), ready(b0))
+	health := fmt.Sprintf("http://%s/healthz", at(nodeA.IPv4, svc.Spec.HealthCheckNodePort))
+	e.eventually(t, health+" answers 503 once a0 terminates", func() error {
+		code, err := httpGet(e.topo.External, health)
+		if err != nil {
+			return err
+		}
+		if code != 503 {
+			return fmt.Errorf("status %d", code)
+		}
+		return nil
+	})
+	e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "a0")
+	e.expectBackends(t, from(e.topo.External), echo.TCP, at(nodeB.IPv4, svcPort(t, svc, "http").NodePort), "b0")
 }
 
 // loadBalancerSourceRanges admit the listed sources and drop every other one.
