@@ -39,8 +39,8 @@ type (
 		Spec       podMonitorSpec `json:"spec"`
 	}
 	podMonitorSpec struct {
-		JobLabel          string `json:"jobLabel,omitempty"`
-		Selector          struct {
+		JobLabel string `json:"jobLabel,omitempty"`
+		Selector struct {
 			MatchLabels map[string]string `json:"matchLabels"`
 		} `json:"selector"`
 		NamespaceSelector struct {
@@ -359,7 +359,9 @@ func TestPodMonitorScrapesThePodsOfBothDeployments(t *testing.T) {
 			t.Errorf("%s: job label %s = %q, the rules and dashboard select job=\"sluice\"", ds.name, pm.Spec.JobLabel, ds.labels[pm.Spec.JobLabel])
 		}
 		for _, ep := range pm.Spec.PodMetricsEndpoints {
-			if !slices.ContainsFunc(ds.ports, func(p corev1.ContainerPort) bool { return p.Name == ep.Port && p.ContainerPort == config.DefaultMetricsPort }) {
+			if !slices.ContainsFunc(ds.ports, func(p corev1.ContainerPort) bool {
+				return p.Name == ep.Port && p.ContainerPort == config.DefaultMetricsPort
+			}) {
 				t.Errorf("%s: container %s has no port %q = %d", ds.name, ds.container, ep.Port, config.DefaultMetricsPort)
 			}
 			if ep.Path != "/metrics" {
