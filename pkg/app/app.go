@@ -38,8 +38,12 @@ func Run(ctx context.Context, o *config.Options) error {
 	if o.Cleanup {
 		return cleanupAll(ctx)
 	}
-	if err := platformSetup(ctx, e); err != nil {
-		return err
+	// The recording backend programs nothing, so it changes no sysctl either (tests run it
+	// in namespaces they do not own).
+	if o.Backend != string(dataplane.ModeRecording) {
+		if err := platformSetup(ctx, e); err != nil {
+			return err
+		}
 	}
 	if o.InitOnly {
 		logger.Info("Initialization done (--init-only); exiting")
@@ -111,10 +115,6 @@ func Run(ctx context.Context, o *config.Options) error {
 			OnListenError:     reporter.ServiceHealthCheckFailed,
 		})
 	}
-	ct, err := newConntrack(ctx, families)
-	if err != nil {
-		return err
-	}
 	loop, err = syncloop.New(syncloop.Config{
 		Tracker:               tracker,
 		Backends:              backends,
@@ -124,7 +124,7 @@ func Run(ctx context.Context, o *config.Options) error {
 		Health:                proxyHealth,
 		ServiceHealth:         serviceHealth,
 		Reporter:              reporter,
-		Conntrack:             ct,
+		Conntrack:             newConntrack(families),
 		LocalHealthyEndpoints: health.LocalReadyEndpoints,
 		HealthCheckNodePorts:  health.HealthCheckNodePorts,
 		Clock:                 clock.RealClock{},

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/pkg/syncloop"
 )
@@ -55,9 +56,18 @@ func watchConfigFile(ctx context.Context, path string, cancel context.CancelCaus
 	}
 }
 
-// newConntrack returns the stale-entry reconciler for the families.
-func newConntrack(ctx context.Context, families []model.IPFamily) (syncloop.Conntrack, error) {
-	return nil, nil
+// newConntrack returns the stale-entry reconciler of each family.
+func newConntrack(families []model.IPFamily) map[model.IPFamily]syncloop.Conntrack {
+	out := map[model.IPFamily]syncloop.Conntrack{}
+	for _, f := range families {
+		out[f] = conntrack.NewReconciler(f)
+	}
+	return out
 }
 
-func setConntrackSysctls(ctx context.Context, e *config.Effective) error { return nil }
+func setConntrackSysctls(ctx context.Context, e *config.Effective) error {
+	if err := conntrack.ApplySysctls(ctx, conntrack.Settings(e.Conntrack)); err != nil {
+		return fmt.Errorf("setting conntrack sysctls: %w", err)
+	}
+	return nil
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -323,3 +325,52 @@ func waitForTimers(t *testing.T, fc *clocktesting.FakeClock) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// modeBackend is a recording backend that reports a mode of its own, so that the metric
+// series of one test are not created by another.
+type modeBackend struct {
+	*recording.Backend
+	mode dataplane.Mode
+}
+
+func (b modeBackend) Mode() dataplane.Mode { return b.mode }
+
+func TestSyncFailureSeriesExistBeforeTheFirstFailure(t *testing.T) {
+	const mode = "never-failed"
+	tracker := model.NewTracker(model.TrackerConfig{
+		Source:  &fakeSource{},
+		Node:    model.NodeInfo{Name: "node-a"},
+		Options: model.Options{Families: []model.IPFamily{model.IPv4}},
+	})
+	if _, err := New(Config{
+		Tracker: tracker, Backends: []dataplane.Backend{modeBackend{recording.New(model.IPv4), mode}},
+		MinSyncPeriod: time.Second, SyncPeriod: 30 * time.Second, MaxSyncInterval: time.Hour,
+		Clock: clocktesting.NewFakeClock(time.Unix(1000, 0)),
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(metrics.SyncFailuresTotal)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels[metrics.LabelMode] == mode && labels[metrics.LabelIPFamily] == "IPv4" {
+				got[labels[metrics.LabelReason]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	for _, reason := range []string{"backend", "service", "panic", "conntrack"} {
+		if v, ok := got[reason]; !ok || v != 0 {
+			t.Errorf("sluice_sync_failures_total{reason=%q}: %v (present %v), want present at 0", reason, v, ok)
+		}
+	}
+}
