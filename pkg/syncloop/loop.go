@@ -56,10 +56,10 @@ type Reporter interface {
 	Forget(name types.NamespacedName)
 }
 
-// Conntrack removes conntrack entries that the new rules made stale (pkg/conntrack).
-// changed is nil on a full sync: every Service must be considered.
+// Conntrack removes one family's conntrack entries that the new rules made stale
+// (*conntrack.Reconciler). It considers the Services in changes, or all when changes.Full.
 type Conntrack interface {
-	Reconcile(ctx context.Context, state *model.NodeState, changed sets.Set[types.NamespacedName]) error
+	Reconcile(ctx context.Context, state *model.NodeState, changes model.Changes) (int, error)
 }
 
 // Config wires a Loop.
@@ -74,7 +74,7 @@ type Config struct {
 	Health        ProxyHealth
 	ServiceHealth map[model.IPFamily]ServiceHealth
 	Reporter      Reporter
-	Conntrack     Conntrack
+	Conntrack     map[model.IPFamily]Conntrack
 	// LocalHealthyEndpoints and HealthCheckNodePorts compute the per-Service health input
 	// from a state (pkg/health.LocalReadyEndpoints and HealthCheckNodePorts).
 	LocalHealthyEndpoints func(*model.NodeState) map[types.NamespacedName]int
@@ -316,12 +316,9 @@ func (l *Loop) syncFamily(ctx context.Context, b dataplane.Backend, state *model
 			sh.SyncEndpoints(l.cfg.LocalHealthyEndpoints(state))
 		}
 	}
-	if l.cfg.Conntrack != nil {
-		var changed sets.Set[types.NamespacedName]
-		if !ch.Full {
-			changed = ch.Services.Difference(failed)
-		}
-		if err := l.cfg.Conntrack.Reconcile(ctx, state, changed); err != nil {
+	if ct := l.cfg.Conntrack[family]; ct != nil {
+		applied := model.Changes{Full: ch.Full, Services: ch.Services.Difference(failed)}
+		if _, err := ct.Reconcile(ctx, state, applied); err != nil {
 			// The rules are right; stale entries only affect flows already established. Count
 			// it and let the next sync (or the periodic full one) try again.
 			metrics.SyncFailuresTotal.WithLabelValues(fam, string(b.Mode()), "conntrack").Inc()
