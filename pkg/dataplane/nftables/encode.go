@@ -283,7 +283,12 @@ func (e *encoder) encodeElements(o *op, group int) {
 			b.attr(unix.NFTA_DATA_VALUE, []byte(el.key))
 			b.endNest()
 			if o.kind == opAddElements {
-				if el.value != "" {
+				switch {
+				case strings.HasPrefix(el.value, "="):
+					b.nest(unix.NFTA_SET_ELEM_DATA)
+					b.attr(unix.NFTA_DATA_VALUE, []byte(el.value[1:]))
+					b.endNest()
+				case el.value != "":
 					e.encodeVerdictData(el.value)
 				}
 				if el.comment != "" {

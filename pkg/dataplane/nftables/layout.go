@@ -124,6 +124,10 @@ func staticSets(c *layoutConfig) []setDef {
 		vmap(serviceIPsMap, addrProtoPort, addrProtoPortLen, "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
 		vmap(serviceNodePortsMap, protoPort, 8, "NodePort traffic"),
 	}
+	for i := 0; i < endpointMaps; i++ {
+		sets = append(sets, setDef{name: endpointMapName(i), flags: unix.NFT_SET_MAP, keyType: typeInteger, keyLen: 4,
+			dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4})
+	}
 	if !c.nodePortMatchAll {
 		sets = append(sets, setDef{name: nodePortIPsSet, keyType: f.addrType, keyLen: uint32(f.addrLn),
 			comment: "IPs that accept NodePort traffic"})

@@ -3,6 +3,8 @@ package nftables
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -58,7 +60,26 @@ const (
 	// Masquerading.
 	masqueradingChain     = "masquerading"
 	hairpinConnectionsSet = "hairpin-connections"
+
+	// endpointMapPrefix names the endpoint maps (sluice's, not upstream's): see
+	// endpointRules.
+	endpointMapPrefix = "endpoints-"
+	// endpointMaps is their number.
+	endpointMaps = 128
 )
+
+// endpointMapOf returns the endpoint map a chain's endpoints go in.
+func endpointMapOf(chain string) string {
+	h := fnv.New32a()
+	h.Write([]byte(chain))
+	return endpointMapName(int(h.Sum32() % endpointMaps))
+}
+
+func endpointMapName(i int) string { return fmt.Sprintf("%s%02x", endpointMapPrefix, i) }
+
+func isEndpointMap(set string) bool {
+	return strings.HasPrefix(set, endpointMapPrefix) && !isServiceObjectName(set)
+}
 
 // Per-service chain and set name prefixes (upstream's, each at most
 // chainNamePrefixLengthMax long including the hyphen).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,6 +28,8 @@ const (
 	nlmsgHdrLen        = unix.SizeofNlMsghdr
 	nfgenHdrLen        = 4
 )
+
+var debugBatches = os.Getenv("SLUICE_NFT_DEBUG_BATCHES") != ""
 
 // conn is a netlink socket to nf_tables in the current network namespace.
 type conn struct {
@@ -223,8 +226,12 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	// Room for an error per message (header-only errors, ~1 KiB of socket accounting each).
 	c.growRcvbuf(min(count*1024+(1<<20), 256<<20))
 
+	sendStart := time.Now()
 	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("send batch of %d messages (%d bytes): %w", count, len(b.buf), err)
+	}
+	if debugBatches {
+		fmt.Fprintf(os.Stderr, "batch: %d messages, %d bytes, %v\n", count, len(b.buf), time.Since(sendStart))
 	}
 	c.stats.Batches++
 	c.stats.Messages += count

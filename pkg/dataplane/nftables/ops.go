@@ -44,7 +44,6 @@ type plannedRule struct {
 	r     rule
 	c     *compiled
 	exprs [][]byte // expr.Marshal of each expression
-	canon []byte
 	// anonLookup is the index in exprs of the lookup into the rule's anonymous set.
 	anonLookup int
 }
@@ -57,7 +56,7 @@ type group struct {
 	// cleanup of leftovers (a failure there fails the whole sync).
 	service types.NamespacedName
 	ops     []op
-	effects []effect
+	fx      *groupEffects
 }
 
 func (g *group) isService() bool { return g.service.Name != "" }
@@ -191,7 +190,7 @@ func (o *op) render(f *family, b *strings.Builder) {
 					b.WriteString(" comment " + strconv.Quote(e.comment))
 				}
 				if e.value != "" {
-					b.WriteString(" : " + e.value)
+					b.WriteString(" : " + renderValue(f, e.value))
 				}
 			}
 			b.WriteString(" }")

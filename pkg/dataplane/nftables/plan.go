@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"time"
+
+	"github.com/google/nftables/userdata"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
@@ -69,7 +72,7 @@ func plan(in *planInput) *Plan {
 }
 
 // planner plans against a view: the starting state plus what earlier groups of the
-// same plan changed. Every change is also recorded as an effect of the current group,
+// same plan changed. Every change is also recorded in the effects of the current group,
 // so that the model can be updated with exactly the groups the kernel accepted.
 type planner struct {
 	in   *planInput
@@ -79,10 +82,14 @@ type planner struct {
 	exists  *bool
 	chains  map[string]*chainState // nil value: deleted
 	sets    map[string]*setDef     // nil value: deleted
-	elems   map[elemRef]*string    // nil value: deleted
+	elems   map[elemRef]elemValue
 	records map[types.NamespacedName]*serviceRecord
 	claims  map[elemRef][]claim
 	stale   map[string]time.Time
+
+	// cleared are the sets this plan deletes (and maybe adds again): their elements are
+	// gone with them.
+	cleared sets.Set[string]
 
 	// desiredChains and desiredSets are the chains and sets this plan wants (full plans:
 	// all of them; partial plans: those of the changed Services).
@@ -93,6 +100,43 @@ type planner struct {
 	cur     *group
 	invalid map[types.NamespacedName]error
 	fp      fingerprinter
+
+	// objs holds the objects of every valid Service during a full plan (built by
+	// preclaim, dropped once planned).
+	objs map[types.NamespacedName]*serviceObjects
+
+	scratch svcScratch
+
+	// Slot blocks: the view over base.slots.
+	blocks    map[string]*slotBlock // nil value: freed
+	freeTaken map[uint32]int        // free blocks of each size taken from base
+	next      uint32
+	// pendingFx holds the effects of slot allocations made by preclaim, until the
+	// Service's group exists.
+	pendingFx map[types.NamespacedName]*groupEffects
+}
+
+// svcScratch is reused from one Service to the next: a full plan of 10 000 Services
+// would otherwise allocate these 10 000 times.
+type svcScratch struct {
+	addChains, flushChains, delSets, addSets, addRules, delChains []op
+	delElems, addElems                                            []elemDef
+	newElems                                                      map[elemRef]elemDef
+	newChains, newSets, slotChains                                sets.Set[string]
+	touched                                                       []elemRef
+}
+
+func (s *svcScratch) reset() {
+	if s.newElems == nil {
+		s.newElems, s.newChains, s.newSets, s.slotChains = map[elemRef]elemDef{}, sets.New[string](), sets.New[string](), sets.New[string]()
+	}
+	s.addChains, s.flushChains, s.delSets = s.addChains[:0], s.flushChains[:0], s.delSets[:0]
+	s.addSets, s.addRules, s.delChains = s.addSets[:0], s.addRules[:0], s.delChains[:0]
+	s.delElems, s.addElems, s.touched = s.delElems[:0], s.addElems[:0], s.touched[:0]
+	clear(s.newElems)
+	clear(s.newChains)
+	clear(s.newSets)
+	clear(s.slotChains)
 }
 
 func newPlanner(in *planInput, base *tableState) *planner {
@@ -100,10 +144,11 @@ func newPlanner(in *planInput, base *tableState) *planner {
 		in: in, f: in.cfg.f, base: base,
 		chains:        map[string]*chainState{},
 		sets:          map[string]*setDef{},
-		elems:         map[elemRef]*string{},
+		elems:         map[elemRef]elemValue{},
 		records:       map[types.NamespacedName]*serviceRecord{},
 		claims:        map[elemRef][]claim{},
 		stale:         map[string]time.Time{},
+		cleared:       sets.New[string](),
 		desiredChains: sets.New[string](),
 		desiredSets:   sets.New[string](),
 		invalid:       map[types.NamespacedName]error{},
@@ -111,6 +156,10 @@ func newPlanner(in *planInput, base *tableState) *planner {
 	for k, v := range base.staleChains {
 		p.stale[k] = v
 	}
+	p.blocks = map[string]*slotBlock{}
+	p.freeTaken = map[uint32]int{}
+	p.next = base.slots.next
+	p.pendingFx = map[types.NamespacedName]*groupEffects{}
 	return p
 }
 
@@ -146,10 +195,10 @@ func (p *planner) set(name string) *setDef {
 
 func (p *planner) elem(ref elemRef) (string, bool) {
 	if v, ok := p.elems[ref]; ok {
-		if v == nil {
-			return "", false
-		}
-		return *v, true
+		return v.value, v.present
+	}
+	if p.cleared.Has(ref.set) {
+		return "", false
 	}
 	if s := p.base.sets[ref.set]; s != nil && s.elems != nil {
 		v, ok := s.elems[ref.key]
@@ -183,45 +232,53 @@ func (p *planner) claimsOf(ref elemRef) []claim {
 
 func (p *planner) emit(o op) { p.cur.ops = append(p.cur.ops, o) }
 
+func (p *planner) fx() *groupEffects {
+	if p.cur.fx == nil {
+		p.cur.fx = &groupEffects{}
+	}
+	return p.cur.fx
+}
+
 func (p *planner) setTableExists(v bool) {
 	p.exists = &v
-	p.cur.effects = append(p.cur.effects, effect{kind: effTable, exists: v})
+	p.fx().table = &v
 }
 
 func (p *planner) putChain(name string, c *chainState) {
 	p.chains[name] = c
-	p.cur.effects = append(p.cur.effects, effect{kind: effChain, name: name, chain: c})
+	p.fx().chains = append(p.fx().chains, chainFx{name, c})
 }
 
 func (p *planner) putSet(name string, d *setDef) {
 	p.sets[name] = d
-	p.cur.effects = append(p.cur.effects, effect{kind: effSet, name: name, set: d})
+	p.fx().sets = append(p.fx().sets, setFx{name, d})
 }
 
-func (p *planner) putElem(ref elemRef, value *string) {
-	p.elems[ref] = value
-	p.cur.effects = append(p.cur.effects, effect{kind: effElem, ref: ref, value: value})
+// putElem records that element ref now has value (or, with present false, is gone).
+func (p *planner) putElem(ref elemRef, value string, present bool) {
+	p.elems[ref] = elemValue{value, present}
+	p.fx().elems = append(p.fx().elems, elemFx{ref, elemValue{value, present}})
 }
 
 func (p *planner) putRecord(svc types.NamespacedName, r *serviceRecord) {
 	p.records[svc] = r
-	p.cur.effects = append(p.cur.effects, effect{kind: effRecord, svc: svc, record: r})
+	p.fx().records = append(p.fx().records, recordFx{svc, r})
 }
 
 func (p *planner) putClaims(ref elemRef, c []claim) {
 	p.claims[ref] = c
-	p.cur.effects = append(p.cur.effects, effect{kind: effClaims, ref: ref, claims: c})
+	p.fx().claims = append(p.fx().claims, claimsFx{ref, c})
 }
 
 func (p *planner) markStale(name string) {
 	p.stale[name] = p.in.now
-	p.cur.effects = append(p.cur.effects, effect{kind: effStale, name: name, stale: true})
+	p.fx().stale = append(p.fx().stale, staleFx{name, true})
 }
 
 func (p *planner) unmarkStale(name string) {
 	if _, ok := p.stale[name]; ok {
 		delete(p.stale, name)
-		p.cur.effects = append(p.cur.effects, effect{kind: effStale, name: name})
+		p.fx().stale = append(p.fx().stale, staleFx{name, false})
 	}
 }
 
@@ -232,7 +289,7 @@ func (p *planner) startGroup(svc types.NamespacedName) {
 
 // endGroup drops a group that turned out empty.
 func (p *planner) endGroup() {
-	if len(p.cur.ops) == 0 && len(p.cur.effects) == 0 {
+	if len(p.cur.ops) == 0 && p.cur.fx == nil {
 		p.groups = p.groups[:len(p.groups)-1]
 	}
 	p.cur = nil
@@ -268,6 +325,9 @@ func (p *planner) plan() {
 	}
 
 	names := p.servicesToPlan()
+	if p.in.full {
+		p.preclaim(names)
+	}
 	for _, svc := range names {
 		p.startGroup(svc)
 		p.planService(svc)
@@ -370,8 +430,7 @@ func (p *planner) syncStaticElements(set string, want []elemDef) {
 		wantKeys.Insert(e.key)
 		if _, ok := p.elem(elemRef{set, e.key}); !ok {
 			add = append(add, e)
-			v := e.value
-			p.putElem(elemRef{set, e.key}, &v)
+			p.putElem(elemRef{set, e.key}, e.value, true)
 		}
 	}
 	var del []elemDef
@@ -379,7 +438,7 @@ func (p *planner) syncStaticElements(set string, want []elemDef) {
 		for _, k := range sortedKeys(s.elems) {
 			if !wantKeys.Has(k) {
 				del = append(del, elemDef{set: set, key: k})
-				p.putElem(elemRef{set, k}, nil)
+				p.putElem(elemRef{set, k}, "", false)
 			}
 		}
 	}
@@ -398,8 +457,7 @@ func (p *planner) planChainRules(d *chainDef) ([]*plannedRule, fingerprint) {
 	out := make([]*plannedRule, 0, len(d.rules))
 	for i := range d.rules {
 		pr := compileRule(p.f, d.rules[i])
-		p.fp.addRule(pr.canon)
-		pr.canon = nil
+		p.fp.addRule(pr.exprs, pr.c.anon, pr.c.udata)
 		out = append(out, pr)
 	}
 	return out, p.fp.sum()
@@ -408,107 +466,301 @@ func (p *planner) planChainRules(d *chainDef) ([]*plannedRule, fingerprint) {
 // compileRule compiles r and marshals its expressions once, for both the fingerprint
 // and the netlink message.
 func compileRule(f *family, r rule) *plannedRule {
-	c := r.compile(f)
-	pr := &plannedRule{r: r, c: c, anonLookup: -1}
-	pr.exprs = make([][]byte, len(c.exprs))
-	for i, e := range c.exprs {
-		b, err := expr.Marshal(byte(f.nf), e)
-		if err != nil {
-			// Our own expressions always marshal; a failure is a programming error.
-			panic(fmt.Sprintf("nftables: marshal %T: %v", e, err))
+	pr := &plannedRule{r: r, c: &compiled{}, anonLookup: -1}
+	n := 4 * len(r.terms)
+	pr.c.exprs = make([]expr.Any, 0, n)
+	pr.exprs = make([][]byte, 0, n)
+	for _, t := range r.terms {
+		if ct, ok := t.(constantTerm); ok {
+			ce := cachedTerm(f, ct)
+			if ce.anonLookup >= 0 {
+				pr.anonLookup = len(pr.exprs) + ce.anonLookup
+			}
+			pr.c.exprs = append(pr.c.exprs, ce.exprs...)
+			pr.exprs = append(pr.exprs, ce.bytes...)
+			if at, ok := t.(anonTerm); ok {
+				pr.c.anon = at.anon(f)
+			}
+			continue
 		}
-		pr.exprs[i] = b
-		if l, ok := e.(*expr.Lookup); ok && l.SetName == "" {
-			pr.anonLookup = i
+		start := len(pr.c.exprs)
+		t.compile(f, pr.c)
+		for _, e := range pr.c.exprs[start:] {
+			if l, ok := e.(*expr.Lookup); ok && l.SetName == "" {
+				pr.anonLookup = len(pr.exprs)
+			}
+			pr.exprs = append(pr.exprs, marshalExpr(f, e))
 		}
 	}
-	pr.canon = canonicalRule(pr.exprs, c.anon, c.udata)
+	if r.comment != "" {
+		pr.c.udata = userdata.AppendString(nil, userdata.TypeComment, truncateComment(r.comment))
+	}
 	return pr
 }
 
-// canonicalRule is the byte form two equal rules share, whether compiled by us or read
-// from the kernel.
-func canonicalRule(exprs [][]byte, anon *anonSet, udata []byte) []byte {
-	var out []byte
-	for _, e := range exprs {
-		out = appendLV(out, e)
+func marshalExpr(f *family, e expr.Any) []byte {
+	b, err := expr.Marshal(byte(f.nf), e)
+	if err != nil {
+		// Our own expressions always marshal; a failure is a programming error.
+		panic(fmt.Sprintf("nftables: marshal %T: %v", e, err))
 	}
-	out = append(out, 0xfe)
-	if anon != nil {
-		out = anon.canonical(out)
+	return b
+}
+
+// constantTerm is a term whose expressions depend only on the family and its key; they
+// are compiled and marshalled once per process (most rules of a large table share them).
+type constantTerm interface {
+	term
+	constKey() string
+}
+
+// anonTerm is a term with an anonymous set whose expressions are constant but whose set
+// content is not.
+type anonTerm interface {
+	anon(f *family) *anonSet
+}
+
+type cachedExprs struct {
+	exprs      []expr.Any
+	bytes      [][]byte
+	anonLookup int
+}
+
+var exprCache sync.Map // family name + "/" + constKey -> *cachedExprs
+
+func cachedTerm(f *family, t constantTerm) *cachedExprs {
+	key := f.name + "/" + t.constKey()
+	if v, ok := exprCache.Load(key); ok {
+		return v.(*cachedExprs)
 	}
-	out = append(out, 0xfd)
-	return appendLV(out, udata)
+	c := &compiled{}
+	t.compile(f, c)
+	ce := &cachedExprs{exprs: c.exprs, anonLookup: -1}
+	for i, e := range c.exprs {
+		if l, ok := e.(*expr.Lookup); ok && l.SetName == "" {
+			ce.anonLookup = i
+		}
+		ce.bytes = append(ce.bytes, marshalExpr(f, e))
+	}
+	v, _ := exprCache.LoadOrStore(key, ce)
+	return v.(*cachedExprs)
+}
+
+// Slot blocks.
+
+func (p *planner) block(chain string) *slotBlock {
+	if b, ok := p.blocks[chain]; ok {
+		return b
+	}
+	if b, ok := p.base.slots.blocks[chain]; ok {
+		return &b
+	}
+	return nil
+}
+
+// blockFor returns the first slot of chain's block for n endpoints: its block if big
+// enough, else a new one (the old one is freed).
+func (p *planner) blockFor(chain string, n int) uint32 {
+	if cur := p.block(chain); cur != nil && cur.size >= uint32(n) {
+		return cur.base
+	}
+	p.freeBlock(chain)
+	size := blockSize(n)
+	var b slotBlock
+	if free := p.base.slots.free[size]; p.freeTaken[size] < len(free) {
+		b = slotBlock{base: free[len(free)-1-p.freeTaken[size]], size: size}
+		p.freeTaken[size]++
+		p.fx().takeFree = append(p.fx().takeFree, b)
+	} else {
+		b = slotBlock{base: p.next, size: size}
+		p.next += size
+		p.fx().next = p.next
+	}
+	p.blocks[chain] = &b
+	p.fx().blocks = append(p.fx().blocks, blockFx{chain: chain, b: &b})
+	return b.base
+}
+
+// freeBlock frees chain's block, if it has one.
+func (p *planner) freeBlock(chain string) {
+	cur := p.block(chain)
+	if cur == nil {
+		return
+	}
+	p.blocks[chain] = nil
+	p.fx().blocks = append(p.fx().blocks, blockFx{chain: chain, freed: *cur})
+}
+
+// assignSlots gives each chain of objs that uses an endpoint map its slots, and adds
+// the slot elements to objs.
+func (p *planner) assignSlots(objs *serviceObjects) {
+	for i := range objs.slots {
+		u := &objs.slots[i]
+		base := p.blockFor(u.chain, len(u.values))
+		u.term.base = base
+		for j, v := range u.values {
+			objs.elems = append(objs.elems, elemDef{set: u.term.set, key: slotKey(base + uint32(j)), value: v})
+		}
+	}
 }
 
 // One Service.
+
+// build computes the objects of one Service, or the reason it cannot be programmed.
+func (p *planner) build(svc types.NamespacedName) (*serviceObjects, error) {
+	ports := p.in.desired.PortsOf(svc)
+	if len(ports) == 0 {
+		return &serviceObjects{}, nil
+	}
+	if p.in.skipValidation {
+		objs := &serviceObjects{}
+		for _, sp := range ports {
+			buildServicePort(p.in.cfg, p.in.nodeIP, sp, objs)
+		}
+		return objs, nil
+	}
+	return buildService(p.in.cfg, p.in.nodeIP, ports)
+}
+
+// preclaim builds every Service of a full plan and decides, for each element, who owns
+// it: in name order, except that whoever's value the kernel holds keeps it, so that a
+// full plan agrees with the partial plans before it.
+func (p *planner) preclaim(names []types.NamespacedName) {
+	p.objs = make(map[types.NamespacedName]*serviceObjects, len(names))
+	add := func(ref elemRef, c claim) {
+		cl := p.claims[ref]
+		if slices.ContainsFunc(cl, func(x claim) bool { return x.svc == c.svc }) {
+			return
+		}
+		if len(cl) > 0 && p.baseHolds(ref, c.value) && !p.baseHolds(ref, cl[0].value) {
+			cl = slices.Insert(cl, 0, c)
+		} else {
+			cl = append(cl, c)
+		}
+		p.claims[ref] = cl
+	}
+	for _, svc := range names {
+		objs, err := p.build(svc)
+		if err != nil {
+			p.invalid[svc] = err
+			if rec := p.in.prevRecords[svc]; rec != nil {
+				for _, e := range rec.elems {
+					add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
+				}
+			}
+			continue
+		}
+		p.objs[svc] = objs
+		if len(objs.slots) > 0 {
+			// No group exists yet; the allocation's effects wait for the Service's.
+			p.cur = &group{service: svc}
+			p.assignSlots(objs)
+			if p.cur.fx != nil {
+				p.pendingFx[svc] = p.cur.fx
+			}
+			p.cur = nil
+		}
+		for _, e := range objs.elems {
+			add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
+		}
+	}
+}
+
+// baseHolds reports whether the kernel, before this plan, held element ref with value v.
+func (p *planner) baseHolds(ref elemRef, v string) bool {
+	if s := p.base.sets[ref.set]; s != nil && s.elems != nil {
+		cur, ok := s.elems[ref.key]
+		return ok && cur == v
+	}
+	return false
+}
 
 func (p *planner) planService(svc types.NamespacedName) {
 	ports := p.in.desired.PortsOf(svc)
 	old := p.record(svc)
 	var objs *serviceObjects
-	if len(ports) > 0 {
-		var err error
-		if p.in.skipValidation {
-			objs = &serviceObjects{}
-			for _, sp := range ports {
-				buildServicePort(p.in.cfg, p.in.nodeIP, sp, objs)
-			}
-		} else {
-			objs, err = buildService(p.in.cfg, p.in.nodeIP, ports)
+	var err error
+	if p.in.full {
+		objs = p.objs[svc]
+		delete(p.objs, svc)
+		err = p.invalid[svc]
+		if fx := p.pendingFx[svc]; fx != nil {
+			p.cur.fx = fx
+			delete(p.pendingFx, svc)
 		}
+	} else {
+		objs, err = p.build(svc)
 		if err != nil {
 			p.invalid[svc] = err
-			// Leave the Service as it is in the kernel; keep its record so that a
-			// full plan does not take its objects for leftovers.
-			if old == nil && p.in.full {
-				old = p.in.prevRecords[svc]
-			}
-			if old != nil {
-				p.keepRecord(svc, old)
-			}
-			return
+		} else {
+			p.assignSlots(objs)
 		}
 	}
-	if objs == nil {
-		objs = &serviceObjects{}
+	if err != nil {
+		// Leave the Service as it is in the kernel; keep its record so that a full plan
+		// does not take its objects for leftovers.
+		if old == nil && p.in.full {
+			old = p.in.prevRecords[svc]
+		}
+		if old != nil {
+			p.keepRecord(svc, old)
+		}
+		return
 	}
 
-	var (
-		addChains, flushChains, delSets, addSets, addRules, delChains []op
-		delElems, addElems                                            = map[string][]elemDef{}, map[string][]elemDef{}
-	)
-	rec := &serviceRecord{}
+	sc := &p.scratch
+	sc.reset()
+	rec := &serviceRecord{
+		chains: make([]string, 0, len(objs.chains)),
+		elems:  make([]elemDef, 0, len(objs.elems)),
+	}
 
 	// Sets first: a set whose type or timeout changed is deleted and added again, and
 	// every chain of the Service is then rewritten (its rules reference the set).
 	rewriteAll := false
-	newSets := sets.New[string]()
 	for i := range objs.sets {
 		d := &objs.sets[i]
-		newSets.Insert(d.name)
+		sc.newSets.Insert(d.name)
 		p.desiredSets.Insert(d.name)
 		rec.sets = append(rec.sets, d.name)
 		cur := p.set(d.name)
 		switch {
 		case cur == nil:
-			addSets = append(addSets, op{kind: opAddSet, name: d.name, set: d})
+			sc.addSets = append(sc.addSets, op{kind: opAddSet, name: d.name, set: d})
 			p.putSet(d.name, d)
 		case !cur.sameKind(d):
 			rewriteAll = true
-			delSets = append(delSets, op{kind: opDeleteSet, name: d.name})
-			addSets = append(addSets, op{kind: opAddSet, name: d.name, set: d})
+			sc.delSets = append(sc.delSets, op{kind: opDeleteSet, name: d.name})
+			sc.addSets = append(sc.addSets, op{kind: opAddSet, name: d.name, set: d})
+			p.cleared.Insert(d.name)
 			p.putSet(d.name, d)
 		}
 	}
+	// Sets the Service no longer wants go once no rule references them (their chains
+	// are flushed or rewritten in this group), and their elements with them.
+	if old != nil {
+		for _, name := range old.sets {
+			if sc.newSets.Has(name) || p.set(name) == nil {
+				continue
+			}
+			sc.delSets = append(sc.delSets, op{kind: opDeleteSet, name: name})
+			p.cleared.Insert(name)
+			p.putSet(name, nil)
+		}
+	}
 
-	newChains := sets.New[string]()
+	for i := range objs.slots {
+		sc.slotChains.Insert(objs.slots[i].chain)
+	}
 	for i := range objs.chains {
 		d := &objs.chains[i]
-		if newChains.Has(d.name) {
+		if sc.newChains.Has(d.name) {
 			continue
 		}
-		newChains.Insert(d.name)
+		if !sc.slotChains.Has(d.name) {
+			p.freeBlock(d.name) // down to one endpoint: no slots any more
+		}
+		sc.newChains.Insert(d.name)
 		p.desiredChains.Insert(d.name)
 		p.unmarkStale(d.name)
 		rec.chains = append(rec.chains, d.name)
@@ -516,30 +768,106 @@ func (p *planner) planService(svc types.NamespacedName) {
 		cur := p.chain(d.name)
 		switch {
 		case cur == nil:
-			addChains = append(addChains, op{kind: opAddChain, name: d.name, comment: d.comment})
+			sc.addChains = append(sc.addChains, op{kind: opAddChain, name: d.name, comment: d.comment})
 		case cur.fp != fp || rewriteAll:
-			flushChains = append(flushChains, op{kind: opFlushChain, name: d.name})
+			sc.flushChains = append(sc.flushChains, op{kind: opFlushChain, name: d.name})
 		default:
 			continue
 		}
 		p.putChain(d.name, &chainState{fp: fp})
 		for _, r := range planned {
-			addRules = append(addRules, op{kind: opAddRule, name: d.name, rule: r})
+			sc.addRules = append(sc.addRules, op{kind: opAddRule, name: d.name, rule: r})
 		}
 	}
 
 	// Elements: update this Service's claims, then make the kernel hold each touched
 	// element's first claim.
-	newElems := map[elemRef]elemDef{}
 	for _, e := range objs.elems {
 		ref := elemRef{e.set, e.key}
-		if _, dup := newElems[ref]; dup {
+		if _, dup := sc.newElems[ref]; dup {
 			continue
 		}
-		newElems[ref] = e
+		sc.newElems[ref] = e
 		rec.elems = append(rec.elems, e)
 	}
-	var touched []elemRef
+	touched := sc.touched
+	if p.in.full {
+		// Ownership was decided by preclaim; this group writes the elements it owns.
+		fx := p.fx()
+		if fx.claims == nil {
+			fx.claims = make([]claimsFx, 0, len(rec.elems))
+		}
+		for _, e := range rec.elems {
+			ref := elemRef{e.set, e.key}
+			cl := p.claims[ref]
+			fx.claims = append(fx.claims, claimsFx{ref, cl})
+			if len(cl) > 0 && cl[0].svc == svc {
+				touched = append(touched, ref)
+			}
+		}
+	} else {
+		touched = p.updateClaims(svc, old, sc.newElems, rec.elems, touched)
+	}
+	sc.touched = touched
+	for _, ref := range touched {
+		cl := p.claimsOf(ref)
+		cur, present := p.elem(ref)
+		switch {
+		case len(cl) == 0 && present:
+			sc.delElems = append(sc.delElems, elemDef{set: ref.set, key: ref.key})
+			p.putElem(ref, "", false)
+		case len(cl) > 0 && !present:
+			v := cl[0].value
+			sc.addElems = append(sc.addElems, elemDef{set: ref.set, key: ref.key, value: v, comment: cl[0].comment})
+			p.putElem(ref, v, true)
+		case len(cl) > 0 && cur != cl[0].value:
+			v := cl[0].value
+			sc.delElems = append(sc.delElems, elemDef{set: ref.set, key: ref.key})
+			sc.addElems = append(sc.addElems, elemDef{set: ref.set, key: ref.key, value: v, comment: cl[0].comment})
+			p.putElem(ref, v, true)
+		}
+	}
+
+	// What the Service had and no longer wants: chains are flushed (and deleted), sets
+	// deleted once no rule references them.
+	if old != nil {
+		for _, name := range old.chains {
+			if sc.newChains.Has(name) || p.chain(name) == nil {
+				continue
+			}
+			sc.flushChains = append(sc.flushChains, op{kind: opFlushChain, name: name})
+			sc.delChains = append(sc.delChains, p.retireChain(name)...)
+			p.freeBlock(name)
+		}
+	}
+
+	delOps, addOps := elementOps(opDeleteElements, sc.delElems), elementOps(opAddElements, sc.addElems)
+	n := len(sc.addChains) + len(sc.flushChains) + len(sc.delSets) + len(sc.addSets) + len(sc.addRules) +
+		len(delOps) + len(addOps) + len(sc.delChains)
+	if p.cur.ops == nil {
+		p.cur.ops = make([]op, 0, n)
+	}
+	p.cur.ops = append(p.cur.ops, sc.addChains...)
+	p.cur.ops = append(p.cur.ops, sc.flushChains...)
+	p.cur.ops = append(p.cur.ops, sc.delSets...)
+	p.cur.ops = append(p.cur.ops, sc.addSets...)
+	p.cur.ops = append(p.cur.ops, sc.addRules...)
+	p.cur.ops = append(p.cur.ops, delOps...)
+	p.cur.ops = append(p.cur.ops, addOps...)
+	p.cur.ops = append(p.cur.ops, sc.delChains...)
+
+	if len(ports) == 0 {
+		if old != nil || p.records[svc] != nil {
+			p.putRecord(svc, nil)
+		}
+	} else {
+		p.putRecord(svc, rec)
+	}
+}
+
+// updateClaims replaces the claims of svc (a partial plan) and returns the elements
+// whose owner or value may have changed.
+func (p *planner) updateClaims(svc types.NamespacedName, old *serviceRecord, newElems map[elemRef]elemDef, elems []elemDef, touched []elemRef) []elemRef {
 	if old != nil {
 		for _, e := range old.elems {
 			ref := elemRef{e.set, e.key}
@@ -553,69 +881,28 @@ func (p *planner) planService(svc types.NamespacedName) {
 			}
 		}
 	}
-	for _, e := range rec.elems {
+	for _, e := range elems {
 		ref := elemRef{e.set, e.key}
 		cl := slices.Clone(p.claimsOf(ref))
 		c := claim{svc: svc, value: e.value, comment: e.comment}
-		if i := slices.IndexFunc(cl, func(c claim) bool { return c.svc == svc }); i >= 0 {
+		switch i := slices.IndexFunc(cl, func(c claim) bool { return c.svc == svc }); {
+		case i >= 0:
 			cl[i] = c
-		} else {
+		case len(cl) > 0 && p.holds(ref, c.value) && !p.holds(ref, cl[0].value):
+			cl = slices.Insert(cl, 0, c)
+		default:
 			cl = append(cl, c)
 		}
 		p.putClaims(ref, cl)
 		touched = append(touched, ref)
 	}
-	for _, ref := range touched {
-		cl := p.claimsOf(ref)
-		cur, present := p.elem(ref)
-		switch {
-		case len(cl) == 0 && present:
-			delElems[ref.set] = append(delElems[ref.set], elemDef{set: ref.set, key: ref.key})
-			p.putElem(ref, nil)
-		case len(cl) > 0 && !present:
-			v := cl[0].value
-			addElems[ref.set] = append(addElems[ref.set], elemDef{set: ref.set, key: ref.key, value: v, comment: cl[0].comment})
-			p.putElem(ref, &v)
-		case len(cl) > 0 && cur != cl[0].value:
-			v := cl[0].value
-			delElems[ref.set] = append(delElems[ref.set], elemDef{set: ref.set, key: ref.key})
-			addElems[ref.set] = append(addElems[ref.set], elemDef{set: ref.set, key: ref.key, value: v, comment: cl[0].comment})
-			p.putElem(ref, &v)
-		}
-	}
+	return touched
+}
 
-	// What the Service had and no longer wants: chains are flushed (and deleted), sets
-	// deleted once no rule references them.
-	if old != nil {
-		for _, name := range old.chains {
-			if newChains.Has(name) || p.chain(name) == nil {
-				continue
-			}
-			flushChains = append(flushChains, op{kind: opFlushChain, name: name})
-			delChains = append(delChains, p.retireChain(name)...)
-		}
-		for _, name := range old.sets {
-			if newSets.Has(name) || p.set(name) == nil {
-				continue
-			}
-			delSets = append(delSets, op{kind: opDeleteSet, name: name})
-			p.putSet(name, nil)
-		}
-	}
-
-	ops := slices.Concat(addChains, flushChains, delSets, addSets, addRules)
-	ops = append(ops, elementOps(opDeleteElements, delElems)...)
-	ops = append(ops, elementOps(opAddElements, addElems)...)
-	ops = append(ops, delChains...)
-	p.cur.ops = append(p.cur.ops, ops...)
-
-	if len(ports) == 0 {
-		if old != nil || p.records[svc] != nil {
-			p.putRecord(svc, nil)
-		}
-	} else {
-		p.putRecord(svc, rec)
-	}
+// holds reports whether the kernel's element ref has value v.
+func (p *planner) holds(ref elemRef, v string) bool {
+	cur, ok := p.elem(ref)
+	return ok && cur == v
 }
 
 // keepRecord carries a record over unchanged (a Service that failed validation).
@@ -631,8 +918,9 @@ func (p *planner) keepRecord(svc types.NamespacedName, r *serviceRecord) {
 		ref := elemRef{e.set, e.key}
 		cl := slices.Clone(p.claimsOf(ref))
 		if !slices.ContainsFunc(cl, func(c claim) bool { return c.svc == svc }) {
-			p.putClaims(ref, append(cl, claim{svc: svc, value: e.value, comment: e.comment}))
+			cl = append(cl, claim{svc: svc, value: e.value, comment: e.comment})
 		}
+		p.putClaims(ref, cl)
 	}
 }
 
@@ -651,14 +939,27 @@ func (p *planner) retireChain(name string) []op {
 // emptyChainFP is the fingerprint of a chain without rules or comment.
 var emptyChainFP = func() fingerprint {
 	var f fingerprinter
+	f.reset()
 	f.addChainComment("")
 	return f.sum()
 }()
 
-func elementOps(kind opKind, bySet map[string][]elemDef) []op {
+// elementOps groups elements by set, in set order, into one op per set. The elements
+// are copied out of the caller's (reused) slice.
+func elementOps(kind opKind, elems []elemDef) []op {
+	if len(elems) == 0 {
+		return nil
+	}
+	own := slices.Clone(elems)
+	slices.SortStableFunc(own, func(a, b elemDef) int { return cmp.Compare(a.set, b.set) })
 	var out []op
-	for _, set := range sortedKeys(bySet) {
-		out = append(out, op{kind: kind, name: set, elems: bySet[set]})
+	for start := 0; start < len(own); {
+		end := start + 1
+		for end < len(own) && own[end].set == own[start].set {
+			end++
+		}
+		out = append(out, op{kind: kind, name: own[start].set, elems: own[start:end:end]})
+		start = end
 	}
 	return out
 }
@@ -683,7 +984,7 @@ func (p *planner) planLeftovers() {
 				continue
 			}
 			del = append(del, elemDef{set: set, key: k})
-			p.putElem(ref, nil)
+			p.putElem(ref, "", false)
 		}
 		if len(del) > 0 {
 			p.emit(op{kind: opDeleteElements, name: set, elems: del})
@@ -711,6 +1012,7 @@ func (p *planner) planLeftovers() {
 		}
 	}
 	for _, name := range retire {
+		p.freeBlock(name)
 		if c := p.chain(name); c != nil && c.base != nil {
 			// A base chain nothing can reference; it goes at once, rules and all.
 			p.emit(op{kind: opDeleteChain, name: name})
@@ -750,87 +1052,137 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// Effects.
+// Effects: changes to the model, applied for the groups the kernel accepted.
 
-type effectKind uint8
+type elemValue struct {
+	value   string
+	present bool
+}
 
-const (
-	effTable effectKind = iota
-	effChain
-	effSet
-	effElem
-	effRecord
-	effClaims
-	effStale
+type (
+	chainFx struct {
+		name string
+		c    *chainState // nil: deleted
+	}
+	setFx struct {
+		name string
+		d    *setDef // nil: deleted
+	}
+	elemFx struct {
+		ref elemRef
+		v   elemValue
+	}
+	claimsFx struct {
+		ref    elemRef
+		claims []claim
+	}
+	recordFx struct {
+		svc types.NamespacedName
+		r   *serviceRecord // nil: the Service is gone
+	}
+	staleFx struct {
+		name  string
+		stale bool
+	}
+	blockFx struct {
+		chain string
+		b     *slotBlock // the chain's new block, or nil when freed
+		freed slotBlock
+	}
 )
 
-// effect is one change to the model, applied when the group that made it reached the
-// kernel.
-type effect struct {
-	kind   effectKind
-	name   string
-	ref    elemRef
-	svc    types.NamespacedName
-	exists bool
-	chain  *chainState
-	set    *setDef
-	value  *string
-	record *serviceRecord
-	claims []claim
-	stale  bool
+// groupEffects are what one group changes in the model.
+type groupEffects struct {
+	table   *bool
+	sets    []setFx
+	chains  []chainFx
+	elems   []elemFx
+	claims  []claimsFx
+	records []recordFx
+	stale   []staleFx
+	blocks  []blockFx
+	// takeFree lists free blocks now in use; next is the new first unused slot (0:
+	// unchanged).
+	takeFree []slotBlock
+	next     uint32
 }
 
 // commit applies the effects of a group to the model.
 func (s *tableState) commit(g *group, now time.Time) {
-	for i := range g.effects {
-		e := &g.effects[i]
-		switch e.kind {
-		case effTable:
-			s.exists = e.exists
-		case effChain:
-			if e.chain == nil {
-				delete(s.chains, e.name)
-			} else {
-				s.chains[e.name] = e.chain
-			}
-		case effSet:
-			if e.set == nil {
-				delete(s.sets, e.name)
-				continue
-			}
-			st := &setState{def: *e.set}
-			if e.set.flags&unix.NFT_SET_EVAL == 0 {
-				st.elems = map[string]string{}
-			}
-			s.sets[e.name] = st
-		case effElem:
-			st := s.sets[e.ref.set]
-			if st == nil || st.elems == nil {
-				continue
-			}
-			if e.value == nil {
-				delete(st.elems, e.ref.key)
-			} else {
-				st.elems[e.ref.key] = *e.value
-			}
-		case effRecord:
-			if e.record == nil {
-				delete(s.services, e.svc)
-			} else {
-				s.services[e.svc] = e.record
-			}
-		case effClaims:
-			if len(e.claims) == 0 {
-				delete(s.claims, e.ref)
-			} else {
-				s.claims[e.ref] = e.claims
-			}
-		case effStale:
-			if e.stale {
-				s.staleChains[e.name] = now
-			} else {
-				delete(s.staleChains, e.name)
-			}
+	fx := g.fx
+	if fx == nil {
+		return
+	}
+	if fx.table != nil {
+		s.exists = *fx.table
+	}
+	for _, e := range fx.sets {
+		if e.d == nil {
+			delete(s.sets, e.name)
+			continue
 		}
+		st := &setState{def: *e.d}
+		if e.d.flags&unix.NFT_SET_EVAL == 0 {
+			st.elems = map[string]string{}
+		}
+		s.sets[e.name] = st
+	}
+	for _, e := range fx.chains {
+		if e.c == nil {
+			delete(s.chains, e.name)
+		} else {
+			s.chains[e.name] = e.c
+		}
+	}
+	for _, e := range fx.elems {
+		st := s.sets[e.ref.set]
+		if st == nil || st.elems == nil {
+			continue
+		}
+		if e.v.present {
+			st.elems[e.ref.key] = e.v.value
+		} else {
+			delete(st.elems, e.ref.key)
+		}
+	}
+	for _, e := range fx.claims {
+		if len(e.claims) == 0 {
+			delete(s.claims, e.ref)
+		} else {
+			s.claims[e.ref] = e.claims
+		}
+	}
+	for _, e := range fx.records {
+		if e.r == nil {
+			delete(s.services, e.svc)
+		} else {
+			s.services[e.svc] = e.r
+		}
+	}
+	for _, e := range fx.stale {
+		if e.stale {
+			s.staleChains[e.name] = now
+		} else {
+			delete(s.staleChains, e.name)
+		}
+	}
+	for _, b := range fx.takeFree {
+		free := s.slots.free[b.size]
+		if i := slices.Index(free, b.base); i >= 0 {
+			s.slots.free[b.size] = slices.Delete(free, i, i+1)
+		}
+	}
+	if fx.next > s.slots.next {
+		s.slots.next = fx.next
+	}
+	for _, e := range fx.blocks {
+		if e.b != nil {
+			s.slots.blocks[e.chain] = *e.b
+			continue
+		}
+		if cur, ok := s.slots.blocks[e.chain]; ok && cur == e.freed {
+			delete(s.slots.blocks, e.chain)
+		}
+		s.slots.free[e.freed.size] = append(s.slots.free[e.freed.size], e.freed.base)
 	}
 }

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -217,6 +218,7 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 	}
 
 	var fp fingerprinter
+	blocks := map[string]slotBlock{}
 	for _, name := range order {
 		ch := chains[name]
 		handles := make([]uint64, len(ch.rules))
@@ -228,6 +230,9 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 		if prev != nil {
 			if p := prev.chains[name]; p != nil && p.handles != nil && slices.Equal(p.handles, handles) && !p.fp.isZero() {
 				cs.fp = p.fp
+				if b, ok := prev.slots.blocks[name]; ok {
+					blocks[name] = b
+				}
 				continue
 			}
 		}
@@ -236,38 +241,72 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 		fp.addChainComment(ch.comment)
 		ok := true
 		for _, r := range ch.rules {
-			canon, err := canonicalKernelRule(c, f, r, anonSets, stats)
+			exprs, anon, block, err := parseKernelRule(c, f, r, anonSets, stats)
 			if err != nil {
 				ok = false
 				break
 			}
-			fp.addRule(canon)
+			if block != nil {
+				blocks[name] = *block
+			}
+			fp.addRule(exprs, anon, r.udata)
 		}
 		if ok {
 			cs.fp = fp.sum()
 		}
 	}
+	st.slots = rebuildSlots(blocks)
 	return st, nil
 }
 
-// canonicalKernelRule parses a rule read from the kernel into the canonical form of
-// compileRule, dumping its anonymous set when it has one.
-func canonicalKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*setDef, stats *readStats) ([]byte, error) {
+// rebuildSlots turns the blocks the chains use into allocator state. A block overlapping
+// one seen before is dropped: its chain gets a new one and is rewritten.
+func rebuildSlots(blocks map[string]slotBlock) slotState {
+	out := newSlotState()
+	names := sortedKeys(blocks)
+	slices.SortStableFunc(names, func(a, b string) int { return cmp.Compare(blocks[a].base, blocks[b].base) })
+	var end uint64
+	for _, n := range names {
+		b := blocks[n]
+		if uint64(b.base) < end {
+			continue
+		}
+		out.blocks[n] = b
+		end = uint64(b.base) + uint64(b.size)
+	}
+	out.next = uint32(min(end, 1<<32-1))
+	return out
+}
+
+// parseKernelRule parses a rule read from the kernel into the form of compileRule
+// (marshalled expressions, anonymous lookups without set name), dumping its anonymous
+// set when it has one.
+func parseKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*setDef, stats *readStats) ([][]byte, *anonSet, *slotBlock, error) {
 	fam := byte(f.nf)
 	var exprBytes [][]byte
 	var anon *anonSet
+	var block *slotBlock
+	var numgen *expr.Numgen
 	for it := newAttrIter(r.exprs); it.next(); {
 		if it.typ != unix.NFTA_LIST_ELEM {
 			continue
 		}
 		e, err := parseExpr(fam, it.val)
 		if err != nil {
-			return nil, err
+			return nil, nil, nil, err
+		}
+		switch x := e.(type) {
+		case *expr.Numgen:
+			numgen = x
+		case *expr.Lookup:
+			if numgen != nil && isEndpointMap(x.SetName) {
+				block = &slotBlock{base: numgen.Offset, size: blockSize(int(numgen.Modulus))}
+			}
 		}
 		if l, ok := e.(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "__") {
 			d := anonSets[l.SetName]
 			if d == nil {
-				return nil, fmt.Errorf("rule uses unknown anonymous set %s", l.SetName)
+				return nil, nil, nil, fmt.Errorf("rule uses unknown anonymous set %s", l.SetName)
 			}
 			anon = &anonSet{flags: d.flags &^ (unix.NFT_SET_ANONYMOUS), keyType: d.keyType, keyLen: d.keyLen,
 				dataType: d.dataType, dataLen: d.dataLen}
@@ -279,7 +318,7 @@ func canonicalKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*set
 			stats.anonReads++
 			err := dumpElements(c, fam, l.SetName, func(el anonElem) { anon.elems = append(anon.elems, el) })
 			if err != nil {
-				return nil, fmt.Errorf("list elements of %s: %w", l.SetName, err)
+				return nil, nil, nil, fmt.Errorf("list elements of %s: %w", l.SetName, err)
 			}
 			cp := *l
 			cp.SetName, cp.SetID = "", 0
@@ -287,11 +326,11 @@ func canonicalKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*set
 		}
 		b, err := expr.Marshal(fam, e)
 		if err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
 		exprBytes = append(exprBytes, b)
 	}
-	return canonicalRule(exprBytes, anon, r.udata), nil
+	return exprBytes, anon, block, nil
 }
 
 var errUnknownExpr = errors.New("unknown expression")

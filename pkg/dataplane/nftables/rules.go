@@ -82,63 +82,45 @@ func (r *rule) compile(f *family) *compiled {
 	return c
 }
 
-// Canonical bytes of rules, for comparing desired chains with chains read from the kernel.
-
-// canonical appends a representation of the compiled rule that is equal for equal rules.
-func (c *compiled) canonical(fam byte, out []byte) ([]byte, error) {
-	for _, e := range c.exprs {
-		b, err := expr.Marshal(fam, e)
-		if err != nil {
-			return out, err
-		}
-		out = binary.BigEndian.AppendUint32(out, uint32(len(b)))
-		out = append(out, b...)
-	}
-	out = append(out, 0xfe)
-	if c.anon != nil {
-		out = c.anon.canonical(out)
-	}
-	out = append(out, 0xfd)
-	out = binary.BigEndian.AppendUint32(out, uint32(len(c.udata)))
-	return append(out, c.udata...), nil
-}
-
-func (s *anonSet) canonical(out []byte) []byte {
-	out = binary.BigEndian.AppendUint32(out, s.flags&^unix.NFT_SET_ANONYMOUS)
-	out = binary.BigEndian.AppendUint32(out, s.keyType)
-	out = binary.BigEndian.AppendUint32(out, s.keyLen)
-	out = binary.BigEndian.AppendUint32(out, s.dataType)
-	out = binary.BigEndian.AppendUint32(out, s.dataLen)
-	elems := slices.Clone(s.elems)
-	slices.SortFunc(elems, func(a, b anonElem) int {
+// hashInto adds the set's kind and content, in key order, to a fingerprint.
+func (s *anonSet) hashInto(p *fingerprinter) {
+	var hdr [20]byte
+	binary.BigEndian.PutUint32(hdr[0:], s.flags&^unix.NFT_SET_ANONYMOUS)
+	binary.BigEndian.PutUint32(hdr[4:], s.keyType)
+	binary.BigEndian.PutUint32(hdr[8:], s.keyLen)
+	binary.BigEndian.PutUint32(hdr[12:], s.dataType)
+	binary.BigEndian.PutUint32(hdr[16:], s.dataLen)
+	p.h.Write(hdr[:])
+	less := func(a, b *anonElem) int {
 		if c := bytes.Compare(a.key, b.key); c != 0 {
 			return c
 		}
-		if a.intervalEnd != b.intervalEnd {
-			if a.intervalEnd {
-				return 1
-			}
-			return -1
+		switch {
+		case a.intervalEnd == b.intervalEnd:
+			return 0
+		case a.intervalEnd:
+			return 1
 		}
-		return 0
-	})
-	out = binary.BigEndian.AppendUint32(out, uint32(len(elems)))
-	for _, e := range elems {
-		out = appendLV(out, e.key)
-		out = appendLV(out, e.data)
-		out = appendLV(out, []byte(e.verdict))
+		return -1
+	}
+	elems := s.elems
+	if !slices.IsSortedFunc(elems, func(a, b anonElem) int { return less(&a, &b) }) {
+		elems = slices.Clone(elems)
+		slices.SortFunc(elems, func(a, b anonElem) int { return less(&a, &b) })
+	}
+	binary.BigEndian.PutUint32(hdr[:4], uint32(len(elems)))
+	p.h.Write(hdr[:4])
+	for i := range elems {
+		e := &elems[i]
+		p.writeLV(e.key)
+		p.writeLV(e.data)
+		p.writeLV([]byte(e.verdict))
 		if e.intervalEnd {
-			out = append(out, 1)
+			p.h.Write([]byte{1})
 		} else {
-			out = append(out, 0)
+			p.h.Write([]byte{0})
 		}
 	}
-	return out
-}
-
-func appendLV(out, b []byte) []byte {
-	out = binary.BigEndian.AppendUint32(out, uint32(len(b)))
-	return append(out, b...)
 }
 
 // Terms.
@@ -596,21 +578,81 @@ func (d dnatNumgen) render(f *family, b *strings.Builder) {
 }
 
 func (d dnatNumgen) compile(f *family, c *compiled) {
-	set := &anonSet{
-		flags:   unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_MAP,
-		keyType: typeInteger, keyLen: 4,
-		dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4,
-	}
-	for i, ap := range d.to {
-		data := append(f.addrBytes(ap.Addr()), byte(ap.Port()>>8), byte(ap.Port()), 0, 0)
-		set.elems = append(set.elems, anonElem{key: binaryutil.NativeEndian.PutUint32(uint32(i)), data: data})
-	}
-	c.anon = set
+	c.anon = d.anon(f)
 	c.exprs = append(c.exprs,
 		&expr.Numgen{Register: 1, Modulus: uint32(len(d.to)), Type: unix.NFT_NG_RANDOM},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.natFamily(),
 			RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: f.regMapPort, RegProtoMax: f.regMapPort, Specified: true})
+}
+
+// anon builds the map from random numbers to endpoints, with one allocation for every
+// key and value.
+func (d dnatNumgen) anon(f *family) *anonSet {
+	set := &anonSet{
+		flags:   unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_MAP,
+		keyType: typeInteger, keyLen: 4,
+		dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4,
+	}
+	dl := f.addrLn + 4
+	buf := make([]byte, len(d.to)*(4+dl))
+	set.elems = make([]anonElem, len(d.to))
+	for i, ap := range d.to {
+		key := buf[:4:4]
+		binary.NativeEndian.PutUint32(key, uint32(i))
+		data := buf[4 : 4+dl : 4+dl]
+		a := ap.Addr()
+		if f.addrLn == 4 {
+			a4 := a.Unmap().As4()
+			copy(data, a4[:])
+		} else {
+			a16 := a.As16()
+			copy(data, a16[:])
+		}
+		data[f.addrLn], data[f.addrLn+1] = byte(ap.Port()>>8), byte(ap.Port())
+		set.elems[i] = anonElem{key: key, data: data}
+		buf = buf[4+dl:]
+	}
+	return set
+}
+
+// dnatMap is "dnat ip addr . port to numgen random mod N offset B map @endpoints-XX":
+// slots B..B+N-1 of the endpoint map hold the chain's endpoints (see endpointRules).
+type dnatMap struct {
+	n    int
+	base uint32 // set by the planner when it has allocated the slots
+	set  string
+}
+
+func (d *dnatMap) render(f *family, b *strings.Builder) {
+	b.WriteString("dnat " + f.name + " addr . port to numgen random mod " + itoa(d.n) +
+		" offset " + strconv.FormatUint(uint64(d.base), 10) + " map @" + d.set)
+}
+
+func (d *dnatMap) compile(f *family, c *compiled) {
+	c.exprs = append(c.exprs,
+		&expr.Numgen{Register: 1, Modulus: uint32(d.n), Type: unix.NFT_NG_RANDOM, Offset: d.base},
+		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: d.set},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.natFamily(),
+			RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: f.regMapPort, RegProtoMax: f.regMapPort, Specified: true})
+}
+
+// slotKey is the key of slot i of an endpoint map: numgen leaves a host-order u32 in
+// its register.
+func slotKey(i uint32) string {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], i)
+	return string(b[:])
+}
+
+// endpointValue is the value of an endpoint map element: address . port, each part
+// padded to four bytes, behind the "=" that marks raw data rather than a verdict.
+func endpointValue(f *family, ap netip.AddrPort) string {
+	b := make([]byte, 1, 1+f.addrLn+4)
+	b[0] = '='
+	b = append(b, f.addrBytes(ap.Addr())...)
+	b = append(b, byte(ap.Port()>>8), byte(ap.Port()), 0, 0)
+	return string(b)
 }
 
 // numgenVmap is "numgen random mod N vmap { 0 : goto A, ... }", used with session
@@ -628,7 +670,14 @@ func (v numgenVmap) render(_ *family, b *strings.Builder) {
 	b.WriteString(" }")
 }
 
-func (v numgenVmap) compile(_ *family, c *compiled) {
+func (v numgenVmap) compile(f *family, c *compiled) {
+	c.anon = v.anon(f)
+	c.exprs = append(c.exprs,
+		&expr.Numgen{Register: 1, Modulus: uint32(len(v.chains)), Type: unix.NFT_NG_RANDOM},
+		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true})
+}
+
+func (v numgenVmap) anon(_ *family) *anonSet {
 	set := &anonSet{
 		flags:   unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_MAP,
 		keyType: typeInteger, keyLen: 4, dataType: dataTypeVerdict,
@@ -636,10 +685,22 @@ func (v numgenVmap) compile(_ *family, c *compiled) {
 	for i, ch := range v.chains {
 		set.elems = append(set.elems, anonElem{key: binaryutil.NativeEndian.PutUint32(uint32(i)), verdict: "goto " + ch})
 	}
-	c.anon = set
+	return set
+}
+
+// numgenIsZero is "numgen random mod N 0": true once in N. The rules of a cascade
+// "numgen random mod (N-i) 0 dnat to endpoint i" pick each of N endpoints with
+// probability 1/N, like iptables' statistic match, without a map: see endpointRules.
+type numgenIsZero struct{ mod int }
+
+func (n numgenIsZero) render(_ *family, b *strings.Builder) {
+	b.WriteString("numgen random mod " + itoa(n.mod) + " 0")
+}
+
+func (n numgenIsZero) compile(_ *family, c *compiled) {
 	c.exprs = append(c.exprs,
-		&expr.Numgen{Register: 1, Modulus: uint32(len(v.chains)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true})
+		&expr.Numgen{Register: 1, Modulus: uint32(n.mod), Type: unix.NFT_NG_RANDOM},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0, 0, 0}})
 }
 
 // updateSaddr is "update @set { ip saddr }": refresh the client's affinity entry.
@@ -655,3 +716,21 @@ func (u updateSaddr) compile(f *family, c *compiled) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// Constant terms (see constantTerm).
+
+func (ctStateNew) constKey() string            { return "ctstatenew" }
+func (ctStatusDNAT) constKey() string          { return "ctstatusdnat" }
+func (m l4proto) constKey() string             { return "l4proto/" + itoa(int(m.proto)) }
+func (m markSetOr) constKey() string           { return "markor/" + markString(m.mark) }
+func (m markSetXor) constKey() string          { return "markxor/" + markString(m.mark) }
+func (m markAndNonZero) constKey() string      { return "markand/" + markString(m.mark) }
+func (masqueradeFullyRandom) constKey() string { return "masq" }
+func (m vmapAddrProtoPort) constKey() string   { return "vmapapp/" + m.vmap }
+func (m vmapProtoPort) constKey() string       { return "vmappp/" + m.vmap }
+func (hairpinMatch) constKey() string          { return "hairpin" }
+func (rejectTerm) constKey() string            { return "reject" }
+func (m fibLocal) constKey() string            { return "fiblocal/" + m.dir.String() }
+func (d dnatNumgen) constKey() string          { return "dnatnumgen/" + itoa(len(d.to)) }
+func (v numgenVmap) constKey() string          { return "numgenvmap/" + itoa(len(v.chains)) }
+func (n numgenIsZero) constKey() string        { return "numgeniszero/" + itoa(n.mod) }

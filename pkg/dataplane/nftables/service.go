@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -27,6 +28,16 @@ type serviceObjects struct {
 	chains []chainDef
 	sets   []setDef // per-endpoint affinity sets
 	elems  []elemDef
+	// slots are the chains that keep their endpoints in an endpoint map; the planner
+	// allocates their slots, then adds the elements.
+	slots []slotUse
+}
+
+// slotUse is one chain's endpoints, to be put in consecutive slots of an endpoint map.
+type slotUse struct {
+	chain  string
+	term   *dnatMap
+	values []string // the value of each slot, in order
 }
 
 // buildService computes the objects of one Service from its ports, or an error when the
@@ -58,9 +69,11 @@ func validateServicePort(f *family, sp *model.ServicePort) error {
 	if sp.NodePort < 0 || sp.NodePort > 65535 {
 		return fmt.Errorf("nodePort %d out of range", sp.NodePort)
 	}
-	for _, a := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerVIPs) {
-		if !inFamily(a) {
-			return fmt.Errorf("address %v is not an %v address", a, f.model)
+	for _, list := range [][]netip.Addr{sp.ExternalIPs, sp.LoadBalancerVIPs} {
+		for _, a := range list {
+			if !inFamily(a) {
+				return fmt.Errorf("address %v is not an %v address", a, f.model)
+			}
 		}
 	}
 	for _, p := range sp.LoadBalancerSourceRanges {
@@ -92,15 +105,7 @@ func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort,
 	hasEndpoints := sp.HasAnyEndpoints
 	affinity := sp.AffinityTimeoutSeconds > 0
 
-	// Every endpoint either list may send traffic to, once.
-	var reachable []model.Endpoint
-	seen := map[netip.AddrPort]bool{}
-	for _, ep := range slices.Concat(sp.ClusterEndpoints, sp.LocalEndpoints) {
-		if ap := ep.AddrPort(); !seen[ap] {
-			seen[ap] = true
-			reachable = append(reachable, ep)
-		}
-	}
+	reachable := reachableEndpoints(sp)
 	for _, ep := range reachable {
 		if ep.IsLocal {
 			// A pod reaching itself through the Service must be masqueraded, or its
@@ -246,34 +251,102 @@ func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort,
 		}
 	}
 	if usesCluster {
-		out.chains = append(out.chains, chainDef{name: names.cluster, rules: endpointRules(f, sp, proto, sp.ClusterEndpoints, affinity)})
+		out.chains = append(out.chains, chainDef{name: names.cluster, rules: endpointRules(f, sp, proto, names.cluster, sp.ClusterEndpoints, affinity, out)})
 	}
 	if usesLocal {
-		out.chains = append(out.chains, chainDef{name: names.local, rules: endpointRules(f, sp, proto, sp.LocalEndpoints, affinity)})
+		out.chains = append(out.chains, chainDef{name: names.local, rules: endpointRules(f, sp, proto, names.local, sp.LocalEndpoints, affinity, out)})
 	}
 }
 
-// endpointRules picks one endpoint per new connection: a plain dnat for one endpoint, a
-// numgen map otherwise; with session affinity, the clients' recent endpoint first.
-func endpointRules(f *family, sp *model.ServicePort, proto byte, eps []model.Endpoint, affinity bool) []rule {
+// reachableEndpoints returns every endpoint either list may send traffic to, once.
+// Local endpoints are usually a subset of the cluster ones; the lists are only merged
+// when they are not.
+func reachableEndpoints(sp *model.ServicePort) []*model.Endpoint {
+	out := make([]*model.Endpoint, 0, len(sp.ClusterEndpoints)+len(sp.LocalEndpoints))
+	for i := range sp.ClusterEndpoints {
+		out = append(out, &sp.ClusterEndpoints[i])
+	}
+	if len(sp.LocalEndpoints) == 0 {
+		return out
+	}
+	var seen map[netip.AddrPort]bool
+	if len(out) > 16 {
+		seen = make(map[netip.AddrPort]bool, len(out))
+		for _, ep := range out {
+			seen[ep.AddrPort()] = true
+		}
+	}
+	for i := range sp.LocalEndpoints {
+		ep := &sp.LocalEndpoints[i]
+		ap := ep.AddrPort()
+		var dup bool
+		if seen != nil {
+			dup = seen[ap]
+		} else {
+			dup = slices.ContainsFunc(out, func(o *model.Endpoint) bool { return o.AddrPort() == ap })
+		}
+		if !dup {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// cascadeMax is the largest endpoint count of a Service with session affinity picked
+// by a cascade of rules ("numgen random mod (N-i) 0 goto endpoint-i") rather than an
+// anonymous verdict map. A rule using an anonymous map costs, when added, a scan of every
+// set of the table (the kernel names an anonymous set by parsing the names of all the
+// others), which makes a large table load in quadratic time; a cascade costs a rule per
+// endpoint and evaluates N/2 of them, on average, on the first packet of a connection.
+const cascadeMax = 64
+
+// endpointRules picks one endpoint per new connection.
+//
+// Without session affinity: a plain dnat for one endpoint; otherwise "dnat to numgen
+// random mod N offset B map @endpoints-XX", the endpoints being in slots B..B+N-1 of one
+// of endpointMaps shared data maps (chosen by a hash of the chain name). Replacing an
+// endpoint then changes one map element, not a rule. That matters at scale: adding any
+// rule makes the kernel validate the whole table at commit (tens of milliseconds at
+// 10 000 Services), while changing a data map element costs microseconds. Why shared
+// maps and not one per Service (or upstream's anonymous map in the rule): the kernel
+// keeps a table's sets in a list and finds them by name, or names an anonymous one by
+// parsing every other name, so 10 000 per-Service sets make a load quadratic; and a rule
+// binding a map from a new chain makes the kernel check every element of the map, so a
+// single shared map would be quadratic too. With 128 maps both costs stay small.
+//
+// With session affinity: the client's recent endpoint first, then a cascade (or an
+// anonymous verdict map above cascadeMax) over the endpoint chains.
+func endpointRules(f *family, sp *model.ServicePort, proto byte, chain string, eps []model.Endpoint, affinity bool, out *serviceObjects) []rule {
+	n := len(eps)
 	if !affinity {
-		if len(eps) == 1 {
+		if n == 1 {
 			return []rule{{terms: []term{l4proto{proto}, dnatTo{eps[0].AddrPort()}}}}
 		}
-		to := make([]netip.AddrPort, len(eps))
-		for i, ep := range eps {
-			to[i] = ep.AddrPort()
+		use := slotUse{chain: chain, term: &dnatMap{n: n, set: endpointMapOf(chain)}, values: make([]string, n)}
+		for i := range eps {
+			use.values[i] = endpointValue(f, eps[i].AddrPort())
 		}
-		return []rule{{terms: []term{l4proto{proto}, dnatNumgen{to}}}}
+		out.slots = append(out.slots, use)
+		return []rule{{terms: []term{l4proto{proto}, use.term}}}
 	}
-	var rules []rule
-	chains := make([]string, len(eps))
+	rules := make([]rule, 0, 2*n)
+	chains := make([]string, n)
 	for i, ep := range eps {
 		base := endpointNameBase(sp.Name, ep.AddrPort())
 		chains[i] = endpointChainPrefix + base
 		rules = append(rules, rule{terms: []term{addrInSet{dir: saddr, set: affinitySetPrefix + base}, gotoChain(chains[i])}})
 	}
-	return append(rules, rule{terms: []term{numgenVmap{chains}}})
+	if n > cascadeMax {
+		return append(rules, rule{terms: []term{numgenVmap{chains}}})
+	}
+	for i := range chains {
+		if i == n-1 {
+			rules = append(rules, rule{terms: []term{gotoChain(chains[i])}})
+		} else {
+			rules = append(rules, rule{terms: []term{numgenIsZero{n - i}, gotoChain(chains[i])}})
+		}
+	}
+	return rules
 }
 
 // Element keys, encoded as the kernel stores them: each part of a concatenation padded
@@ -298,7 +371,7 @@ func keyHairpin(f *family, a netip.Addr, proto byte, port uint16) string {
 	return string(b)
 }
 
-// renderKey shows a key of one of the static sets in nft syntax.
+// renderKey shows a key of a set or map in nft syntax.
 func renderKey(f *family, set, key string) string {
 	b := []byte(key)
 	addr := func(i int) string {
@@ -324,7 +397,24 @@ func renderKey(f *family, set, key string) string {
 	case serviceNodePortsMap, noEndpointNodePortsMap:
 		return protoPort(0)
 	}
+	if len(b) == 4 && isEndpointMap(set) {
+		return itoa(int(binary.NativeEndian.Uint32(b)))
+	}
 	return fmt.Sprintf("0x%x", b)
+}
+
+// renderValue shows an element value in nft syntax: a verdict as it is, raw data (an
+// endpoint map's value) as address . port.
+func renderValue(f *family, value string) string {
+	if !strings.HasPrefix(value, "=") {
+		return value
+	}
+	b := []byte(value[1:])
+	if len(b) != f.addrLn+4 {
+		return fmt.Sprintf("0x%x", b)
+	}
+	a, _ := netip.AddrFromSlice(b[:f.addrLn])
+	return a.String() + " . " + itoa(int(b[f.addrLn])<<8|int(b[f.addrLn+1]))
 }
 
 // verdictTarget returns the chain an element value jumps or goes to, or "".

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"encoding/binary"
+	"hash"
 	"hash/fnv"
 	"time"
 
@@ -32,6 +33,34 @@ type tableState struct {
 	// staleChains are flushed chains waiting to be deleted (kernels before 6.2 notice
 	// only some time after a map element goes that its chain is unreferenced).
 	staleChains map[string]time.Time
+
+	slots slotState
+}
+
+// slotState allocates the slots of the endpoint maps. A chain's block of slots is a power
+// of two at least as large as its endpoint count (at least 4), so that a Service can
+// scale by a few endpoints without moving. A block its chain outgrew is freed, and used
+// again by a later sync (never by the plan that freed it: a group of that plan may fail,
+// and then the block is still in use). Slots are global, whatever the map.
+type slotState struct {
+	blocks map[string]slotBlock // by chain
+	free   map[uint32][]uint32  // by size: bases of free blocks
+	next   uint32               // first slot never used
+}
+
+type slotBlock struct{ base, size uint32 }
+
+func newSlotState() slotState {
+	return slotState{blocks: map[string]slotBlock{}, free: map[uint32][]uint32{}}
+}
+
+// blockSize is the size of the block for n endpoints.
+func blockSize(n int) uint32 {
+	size := uint32(4)
+	for size < uint32(n) {
+		size <<= 1
+	}
+	return size
 }
 
 func newTableState() *tableState {
@@ -41,6 +70,7 @@ func newTableState() *tableState {
 		services:    map[types.NamespacedName]*serviceRecord{},
 		claims:      map[elemRef][]claim{},
 		staleChains: map[string]time.Time{},
+		slots:       newSlotState(),
 	}
 }
 
@@ -62,7 +92,6 @@ type setState struct {
 	// elems maps raw keys to values ("" in a set, the verdict in a map). nil for sets
 	// whose content the datapath owns (affinity sets).
 	elems map[string]string
-	// comments of elements, kept only for rendering; not compared.
 }
 
 type elemRef struct {
@@ -90,27 +119,48 @@ type fingerprint [16]byte
 
 func (f fingerprint) isZero() bool { return f == fingerprint{} }
 
-// fingerprinter accumulates canonical rule bytes.
+// fingerprinter hashes the canonical form of a chain's rules as it goes, without
+// building it in memory.
 type fingerprinter struct {
-	buf []byte
+	h   hash.Hash
+	tmp [4]byte
 }
 
-func (p *fingerprinter) reset() { p.buf = p.buf[:0] }
-
-func (p *fingerprinter) addChainComment(comment string) {
-	p.buf = appendLV(p.buf, []byte(comment))
+func (p *fingerprinter) reset() {
+	if p.h == nil {
+		p.h = fnv.New128a()
+	}
+	p.h.Reset()
 }
 
-func (p *fingerprinter) addRule(canonical []byte) {
-	p.buf = binary.BigEndian.AppendUint32(p.buf, uint32(len(canonical)))
-	p.buf = append(p.buf, canonical...)
+func (p *fingerprinter) writeLV(b []byte) {
+	binary.BigEndian.PutUint32(p.tmp[:], uint32(len(b)))
+	p.h.Write(p.tmp[:])
+	p.h.Write(b)
+}
+
+func (p *fingerprinter) addChainComment(comment string) { p.writeLV([]byte(comment)) }
+
+// addRule adds one rule: its marshalled expressions (anonymous-set lookups without set
+// name or ID), the content of its anonymous set, and its userdata.
+func (p *fingerprinter) addRule(exprs [][]byte, anon *anonSet, udata []byte) {
+	binary.BigEndian.PutUint32(p.tmp[:], uint32(len(exprs)))
+	p.h.Write(p.tmp[:])
+	for _, e := range exprs {
+		p.writeLV(e)
+	}
+	if anon != nil {
+		p.h.Write([]byte{1})
+		anon.hashInto(p)
+	} else {
+		p.h.Write([]byte{0})
+	}
+	p.writeLV(udata)
 }
 
 func (p *fingerprinter) sum() fingerprint {
-	h := fnv.New128a()
-	h.Write(p.buf)
 	var out fingerprint
-	copy(out[:], h.Sum(nil))
+	p.h.Sum(out[:0])
 	if out.isZero() {
 		out[0] = 1
 	}
