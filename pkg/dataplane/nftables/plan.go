@@ -256,7 +256,11 @@ func (p *planner) putSet(name string, d *setDef) {
 
 // putElem records that element ref now has value (or, with present false, is gone).
 func (p *planner) putElem(ref elemRef, value string, present bool) {
-	p.elems[ref] = elemValue{value, present}
+	if !p.in.full {
+		// A full plan writes each element once, from the group that owns it, and never
+		// reads it back: the view needs no copy (and saves a 100 000-entry map).
+		p.elems[ref] = elemValue{value, present}
+	}
 	p.fx().elems = append(p.fx().elems, elemFx{ref, elemValue{value, present}})
 }
 
@@ -627,26 +631,13 @@ func (p *planner) build(svc types.NamespacedName) (*serviceObjects, error) {
 // full plan agrees with the partial plans before it.
 func (p *planner) preclaim(names []types.NamespacedName) {
 	p.objs = make(map[types.NamespacedName]*serviceObjects, len(names))
-	add := func(ref elemRef, c claim) {
-		cl := p.claims[ref]
-		if slices.ContainsFunc(cl, func(x claim) bool { return x.svc == c.svc }) {
-			return
-		}
-		if len(cl) > 0 && p.baseHolds(ref, c.value) && !p.baseHolds(ref, cl[0].value) {
-			cl = slices.Insert(cl, 0, c)
-		} else {
-			cl = append(cl, c)
-		}
-		p.claims[ref] = cl
-	}
+	total := 0
 	for _, svc := range names {
 		objs, err := p.build(svc)
 		if err != nil {
 			p.invalid[svc] = err
 			if rec := p.in.prevRecords[svc]; rec != nil {
-				for _, e := range rec.elems {
-					add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
-				}
+				total += len(rec.elems)
 			}
 			continue
 		}
@@ -660,8 +651,37 @@ func (p *planner) preclaim(names []types.NamespacedName) {
 			}
 			p.cur = nil
 		}
-		for _, e := range objs.elems {
-			add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
+		total += len(objs.elems)
+	}
+	// Most elements have one claimant: their claim lists are carved out of one array.
+	p.claims = make(map[elemRef][]claim, total)
+	slab := make([]claim, total)
+	add := func(ref elemRef, c claim) {
+		cl, ok := p.claims[ref]
+		switch {
+		case !ok && len(slab) > 0:
+			slab[0] = c
+			p.claims[ref] = slab[:1:1]
+			slab = slab[1:]
+			return
+		case slices.ContainsFunc(cl, func(x claim) bool { return x.svc == c.svc }):
+			return
+		case len(cl) > 0 && p.baseHolds(ref, c.value) && !p.baseHolds(ref, cl[0].value):
+			cl = slices.Insert(cl, 0, c)
+		default:
+			cl = append(cl, c)
+		}
+		p.claims[ref] = cl
+	}
+	for _, svc := range names {
+		if objs := p.objs[svc]; objs != nil {
+			for _, e := range objs.elems {
+				add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
+			}
+		} else if rec := p.in.prevRecords[svc]; rec != nil {
+			for _, e := range rec.elems {
+				add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
+			}
 		}
 	}
 }
