@@ -255,7 +255,9 @@ func familyReport(r *app.StatusReport, family model.IPFamily) *app.FamilyReport 
 }
 
 // hasFamily reports whether sluice proxies family.
-func hasFamily(r *app.StatusReport, family model.IPFamily) bool { return familyReport(r, family) != nil }
+func hasFamily(r *app.StatusReport, family model.IPFamily) bool {
+	return familyReport(r, family) != nil
+}
 
 // portRef names one TCP Service port in the state.
 type portRef struct {
@@ -587,7 +589,9 @@ func endpoint(ip, node string, ready, serving, terminating bool) discoveryv1.End
 }
 
 // readyEndpoint is a ready, serving, not terminating endpoint on node.
-func readyEndpoint(ip, node string) discoveryv1.Endpoint { return endpoint(ip, node, true, true, false) }
+func readyEndpoint(ip, node string) discoveryv1.Endpoint {
+	return endpoint(ip, node, true, true, false)
+}
 
 // tcpPort is an EndpointSlice port.
 func tcpPort(name string, port int32) discoveryv1.EndpointPort {

@@ -574,7 +574,7 @@ func (e *servicesEnv) testScale(t *testing.T) {
 	// read, and keeps its own.
 	annotated := clusterIPService(ns, "annotated")
 	annotated.Annotations = map[string]string{
-		"example.com/blob":                                 strings.Repeat("x", 200<<10),
+		"example.com/blob": strings.Repeat("x", 200<<10),
 		"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("y", 40<<10),
 		watch.AnnotationScheduler:                          "sh",
 	}
