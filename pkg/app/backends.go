@@ -13,6 +13,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/iptables"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/ipvs"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/nftables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -31,6 +32,8 @@ func newBackends(ctx context.Context, mode dataplane.Mode, e *config.Effective, 
 			b, err = iptables.New(ctx, cfg)
 		case dataplane.ModeNFTables:
 			b, err = nftables.New(ctx, cfg)
+		case dataplane.ModeIPVS:
+			b, err = ipvs.New(ctx, cfg, ipvsSettings(e, f))
 		case dataplane.ModeRecording:
 			b = recording.New(f)
 		default:
@@ -44,6 +47,18 @@ func newBackends(ctx context.Context, mode dataplane.Mode, e *config.Effective, 
 	return out, nil
 }
 
+// ipvsSettings is the ipvs section of the configuration for one family.
+func ipvsSettings(e *config.Effective, f model.IPFamily) ipvs.Settings {
+	return ipvs.Settings{
+		Scheduler:     e.IPVS.Scheduler,
+		ExcludeCIDRs:  e.IPVS.ExcludeCIDRsOf(f),
+		StrictARP:     e.IPVS.StrictARP,
+		TCPTimeout:    e.IPVS.TCPTimeout,
+		TCPFinTimeout: e.IPVS.TCPFinTimeout,
+		UDPTimeout:    e.IPVS.UDPTimeout,
+	}
+}
+
 // cleanupAll removes what any mode (sluice's or upstream kube-proxy's) installed, for
 // both families, and reports every failure.
 func cleanupAll(ctx context.Context) error {
@@ -53,6 +68,7 @@ func cleanupAll(ctx context.Context) error {
 		for name, fn := range map[string]func(context.Context, model.IPFamily) error{
 			"iptables": iptables.Cleanup,
 			"nftables": nftables.Cleanup,
+			"ipvs":     ipvs.Cleanup,
 		} {
 			if err := fn(ctx, f); err != nil {
 				errs = append(errs, fmt.Errorf("%s %s: %w", name, f, err))

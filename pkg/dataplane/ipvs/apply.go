@@ -1,0 +1,266 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
+)
+
+// The applier: runs a plan's operations in order, keeps the kernel view current with every
+// one that succeeds, and sorts failures into the Service's and the sync's.
+
+// execute runs p and returns the sync's result (Full is set by the caller).
+func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Result {
+	failed := map[types.NamespacedName]error{}
+	fail := func(name types.NamespacedName, err error) {
+		if prev, ok := failed[name]; ok {
+			err = fmt.Errorf("%w; %w", prev, err)
+		}
+		failed[name] = err
+	}
+	var syncErrs []error
+
+	for _, o := range p.setup {
+		if err := b.run(ctx, o); err != nil {
+			return dataplane.Result{Err: fmt.Errorf("%s: %w", o, err)}
+		}
+	}
+
+	owners := p.owners
+	for _, so := range p.services {
+		if err := ctx.Err(); err != nil {
+			return dataplane.Result{Err: err}
+		}
+		for i, o := range so.ops {
+			if err := b.run(ctx, o); err != nil {
+				fail(so.name, fmt.Errorf("%s: %w", o, err))
+				// The frontends it was giving up are still its own, to be deleted when it
+				// is retried.
+				for _, rest := range so.ops[i:] {
+					if rest.kind == opDeleteVS {
+						owners[rest.vs] = so.name
+					}
+				}
+				break
+			}
+		}
+		if len(so.errs) > 0 {
+			fail(so.name, describeFailures(so.errs))
+		}
+	}
+	b.owners = owners
+	b.draining = p.draining
+
+	for _, o := range p.adds {
+		if err := b.run(ctx, o); err != nil {
+			err = fmt.Errorf("%s: %w", o, err)
+			if o.owner != (types.NamespacedName{}) {
+				fail(o.owner, err)
+			} else {
+				syncErrs = append(syncErrs, err)
+			}
+		}
+	}
+
+	if err := b.writeRules(ctx, p, full); err != nil {
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(b.cfg.Family.String()).Inc()
+		syncErrs = append(syncErrs, err)
+	}
+
+	for _, o := range p.deletes {
+		if err := b.run(ctx, o); err != nil {
+			syncErrs = append(syncErrs, fmt.Errorf("%s: %w", o, err))
+		}
+	}
+
+	res := dataplane.Result{Err: errors.Join(syncErrs...)}
+	if len(failed) > 0 {
+		res.Failed = failed
+	}
+	return res
+}
+
+// writeRules writes the iptables rules: on a full sync always, with the jump rules and the
+// removal of other modes' chains; otherwise only when the rules changed.
+func (b *Backend) writeRules(ctx context.Context, p *plan, full bool) error {
+	rs := renderRules(ruleConfig{
+		family: b.cfg.Family, markBit: b.cfg.MasqueradeBit, masqueradeAll: b.cfg.MasqueradeAll, detector: b.cfg.LocalDetector,
+	}, p.outFilter)
+	text := rs.text()
+	var fixes map[string]*tableFixes
+	if full {
+		saved, err := b.ipt.Save(ctx)
+		if err != nil {
+			return fmt.Errorf("read iptables rules: %w", err)
+		}
+		fixes = planFixes(parseSave(saved))
+	} else if text == b.rules {
+		return nil
+	}
+	b.rules = ""
+	if err := b.ipt.Restore(ctx, restoreInput(rs, fixes)); err != nil {
+		return fmt.Errorf("write iptables rules: %w", err)
+	}
+	b.stats.Restores++
+	b.rules = text
+	return nil
+}
+
+// run performs one operation, idempotently: adding what exists updates it, deleting what
+// is gone succeeds. On success the kernel view follows.
+func (b *Backend) run(ctx context.Context, o op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.logger.V(4).Info("IPVS operation", "op", o.String())
+	v := b.view
+	family := b.cfg.Family
+	var err error
+	switch o.kind {
+	case opCreateLink:
+		err = b.links.CreateDummy(dummyDevice)
+		if errors.Is(err, errExist) {
+			err = nil
+		}
+		if err == nil {
+			v.linkExists = true
+		}
+	case opCreateSet:
+		t := ipsets[o.set].typ
+		err = b.sets.Create(ipsetName(o.set, family), t, family)
+		if errors.Is(err, errExist) {
+			err = nil
+		}
+		if err == nil {
+			if _, ok := v.sets[o.set]; !ok {
+				v.sets[o.set] = &kernelSet{Type: t, Entries: map[setEntry]bool{}}
+			}
+		}
+	case opRecreateSet:
+		err = b.recreateSet(ctx, o.set)
+	case opAddVS:
+		err = b.ipvs.AddService(o.vs, o.params)
+		if errors.Is(err, errExist) {
+			err = b.ipvs.UpdateService(o.vs, o.params)
+		}
+		err = schedulerError(err, o.params.Scheduler)
+		if err == nil {
+			v.services[o.vs] = o.params
+			v.dests[o.vs] = nil
+		}
+	case opUpdateVS:
+		err = b.ipvs.UpdateService(o.vs, o.params)
+		if errors.Is(err, errNotExist) {
+			err = b.ipvs.AddService(o.vs, o.params)
+		}
+		err = schedulerError(err, o.params.Scheduler)
+		if err == nil {
+			v.services[o.vs] = o.params
+		}
+	case opDeleteVS:
+		err = b.ipvs.DeleteService(o.vs)
+		if errors.Is(err, errNotExist) {
+			err = nil
+		}
+		if err == nil {
+			delete(v.services, o.vs)
+			delete(v.dests, o.vs)
+			delete(b.draining, o.vs)
+		}
+	case opAddRS:
+		err = b.ipvs.AddDestination(o.vs, o.rs, o.weight)
+		if errors.Is(err, errExist) {
+			err = b.ipvs.UpdateDestination(o.vs, o.rs, o.weight)
+		}
+	case opUpdateRS:
+		err = b.ipvs.UpdateDestination(o.vs, o.rs, o.weight)
+		if errors.Is(err, errNotExist) && o.weight > 0 {
+			err = b.ipvs.AddDestination(o.vs, o.rs, o.weight)
+		} else if errors.Is(err, errNotExist) {
+			err = nil // nothing left to drain
+		}
+	case opDeleteRS:
+		err = b.ipvs.DeleteDestination(o.vs, o.rs)
+		if errors.Is(err, errNotExist) {
+			err = nil
+		}
+	case opBindAddr:
+		err = b.links.AddAddr(dummyDevice, o.addr)
+		if errors.Is(err, errExist) {
+			err = nil
+		}
+		if err == nil {
+			v.bound[o.addr] = true
+		}
+	case opUnbindAddr:
+		err = b.links.DelAddr(dummyDevice, o.addr)
+		if errors.Is(err, errNotExist) {
+			err = nil
+		}
+		if err == nil {
+			delete(v.bound, o.addr)
+		}
+	case opAddEntry:
+		err = b.sets.Add(ipsetName(o.set, family), ipsets[o.set].typ, o.entry)
+		if errors.Is(err, errExist) {
+			err = nil
+		}
+		if err == nil {
+			if ks := v.sets[o.set]; ks != nil {
+				ks.Entries[o.entry] = true
+			}
+		}
+	case opDelEntry:
+		err = b.sets.Del(ipsetName(o.set, family), ipsets[o.set].typ, o.entry)
+		if errors.Is(err, errNotExist) {
+			err = nil
+		}
+		if err == nil {
+			if ks := v.sets[o.set]; ks != nil {
+				delete(ks.Entries, o.entry)
+			}
+		}
+	default:
+		err = fmt.Errorf("unknown operation %d", o.kind)
+	}
+	if err == nil {
+		b.stats.Operations[opNames[o.kind]]++
+	}
+	return err
+}
+
+func schedulerError(err error, scheduler string) error {
+	if errors.Is(err, errNoScheduler) {
+		return fmt.Errorf("IPVS scheduler %q is not available in this kernel (load ip_vs_%s, or change the Service's ipvs.sluice.dev/scheduler annotation): %w", scheduler, scheduler, err)
+	}
+	return err
+}
+
+// recreateSet replaces a set of the wrong type or family (someone else's, or an old
+// kube-proxy's) with the backend's own. ipset refuses to destroy a set that iptables rules
+// still use, and only the backend's own chains use these sets: they are flushed first (the
+// rules are rewritten later in this sync).
+func (b *Backend) recreateSet(ctx context.Context, id ipsetID) error {
+	name, t := ipsetName(id, b.cfg.Family), ipsets[id].typ
+	err := b.sets.Destroy(name)
+	if err != nil && !errors.Is(err, errNotExist) {
+		if rerr := b.ipt.Restore(ctx, flushOwnChainsInput()); rerr != nil {
+			return fmt.Errorf("flush rules using ipset %s: %w", name, rerr)
+		}
+		b.rules = ""
+		err = b.sets.Destroy(name)
+		if err != nil && !errors.Is(err, errNotExist) {
+			return fmt.Errorf("destroy ipset %s of the wrong type: %w", name, err)
+		}
+	}
+	if err := b.sets.Create(name, t, b.cfg.Family); err != nil && !errors.Is(err, errExist) {
+		return err
+	}
+	b.view.sets[id] = &kernelSet{Type: t, Entries: map[setEntry]bool{}}
+	return nil
+}

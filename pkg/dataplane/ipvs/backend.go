@@ -1,0 +1,535 @@
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// DefaultScheduler is the scheduler of Services that ask for none when the configuration
+// names none either: round robin, as upstream.
+const DefaultScheduler = "rr"
+
+// Settings are the ipvs section of KubeProxyConfiguration, resolved for one family.
+type Settings struct {
+	// Scheduler is the default IPVS scheduler ("" means rr). A Service's
+	// ipvs.sluice.dev/scheduler annotation overrides it.
+	Scheduler string
+	// ExcludeCIDRs are the family's ipvs.excludeCIDRs: virtual servers there are never
+	// deleted, whoever made them.
+	ExcludeCIDRs []netip.Prefix
+	// StrictARP sets arp_ignore=1 and arp_announce=2.
+	StrictARP bool
+	// TCPTimeout, TCPFinTimeout and UDPTimeout are IPVS's connection timeouts; 0 leaves the
+	// kernel's alone.
+	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
+}
+
+// Backend programs Services with IPVS for one IP family.
+type Backend struct {
+	cfg      dataplane.Config
+	settings Settings
+	logger   klog.Logger
+	now      func() time.Time
+
+	ipvs    ipvsKernel
+	links   linkKernel
+	sets    ipsetKernel
+	ipt     iptablesRunner
+	other   iptablesRunner // the other iptables flavour, when installed (leftover removal)
+	flavour Flavour
+	opts    options
+
+	// view is what the kernel holds, as far as the backend knows (nil before the first
+	// full sync); records, owners and draining are its memory of the Services.
+	view     *kernelView
+	env      *planEnv
+	records  map[types.NamespacedName]*serviceRecord
+	owners   map[vsKey]types.NamespacedName
+	draining map[vsKey]types.NamespacedName
+	// rules is the text of the ruleset last written.
+	rules         string
+	needFull      bool
+	lastFull      time.Time
+	leftoversDone bool
+
+	stats ApplyStats
+}
+
+var _ dataplane.Backend = (*Backend)(nil)
+
+// Option changes how New builds a Backend.
+type Option func(*options)
+
+type options struct {
+	skipLeftovers bool
+	flavour       Flavour
+	now           func() time.Time
+
+	// Seams for tests.
+	supported func() (bool, error)
+	kernel    func() (kernelVersion, error)
+	ipvs      ipvsKernel
+	links     linkKernel
+	sets      ipsetKernel
+	ipt       iptablesRunner
+	sysctl    sysctl
+	nftTables func(model.IPFamily) (bool, error)
+}
+
+// WithoutLeftoverCleanup keeps other modes' leftovers (the nftables mode's table, the
+// iptables mode's chains in the other iptables flavour).
+func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
+
+// WithFlavour forces the iptables flavour instead of detecting it.
+func WithFlavour(f Flavour) Option { return func(o *options) { o.flavour = f } }
+
+// WithClock replaces time.Now.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// ErrNoIPVS is returned by New on a kernel without IPVS.
+var ErrNoIPVS = errors.New("kernel has no IPVS")
+
+// New checks that this kernel can run the ipvs mode, sets the sysctls it needs and returns
+// the Backend of cfg.Family. It fails, rather than programming nothing, when the kernel has
+// no IPVS or lacks the configured scheduler.
+//
+// It does not touch existing virtual servers, ipsets or rules (sluice's or upstream
+// kube-proxy's): the first Apply reads them and converges them, so traffic keeps flowing
+// across a restart or a switch from kube-proxy's ipvs mode.
+func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...Option) (*Backend, error) {
+	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: runningKernel, nftTables: removeNFTablesTable}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if cfg.Family != model.IPv4 && cfg.Family != model.IPv6 {
+		return nil, fmt.Errorf("ipvs backend: unknown IP family %v", cfg.Family)
+	}
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("ipvs backend: masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
+	}
+	if settings.Scheduler == "" {
+		settings.Scheduler = DefaultScheduler
+	}
+	if !model.ValidIPVSScheduler(settings.Scheduler) {
+		return nil, fmt.Errorf("ipvs.scheduler %q is not an IPVS scheduler (want one of rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, fo, ovf, twos)", settings.Scheduler)
+	}
+	settings.ExcludeCIDRs = slices.DeleteFunc(slices.Clone(settings.ExcludeCIDRs), func(p netip.Prefix) bool {
+		return model.FamilyOf(p.Addr()) != cfg.Family
+	})
+	supported, err := o.supported()
+	if err != nil {
+		return nil, fmt.Errorf("probe the kernel for IPVS: %w", err)
+	}
+	if !supported {
+		return nil, fmt.Errorf("%w (ip_vs module not loaded?): load ip_vs, ip_vs_%s and nf_conntrack (modprobe -a ip_vs ip_vs_%s nf_conntrack), or use mode nftables",
+			ErrNoIPVS, settings.Scheduler, settings.Scheduler)
+	}
+	kv, err := o.kernel()
+	if err != nil {
+		return nil, fmt.Errorf("check kernel version: %w", err)
+	}
+	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family.String())
+	b := &Backend{
+		cfg: cfg, settings: settings, logger: logger, now: o.now, opts: o,
+		records:  map[types.NamespacedName]*serviceRecord{},
+		owners:   map[vsKey]types.NamespacedName{},
+		draining: map[vsKey]types.NamespacedName{},
+		needFull: true,
+	}
+
+	b.ipvs, b.links, b.sets = o.ipvs, o.links, o.sets
+	if b.ipvs == nil {
+		h, err := newMobyIPVS()
+		if err != nil {
+			return nil, err
+		}
+		b.ipvs = h
+	}
+	if b.links == nil {
+		h, err := newNetlinkLinks()
+		if err != nil {
+			return nil, err
+		}
+		b.links = h
+	}
+	if b.sets == nil {
+		h, err := newNetlinkIPSets()
+		if err != nil {
+			return nil, err
+		}
+		b.sets = h
+	}
+
+	s := o.sysctl
+	if s == nil {
+		s = procSysctl{root: "/proc/sys"}
+	}
+	if err := setupSysctls(s, kv, settings.StrictARP, logger); err != nil {
+		return nil, err
+	}
+	if settings.TCPTimeout > 0 || settings.TCPFinTimeout > 0 || settings.UDPTimeout > 0 {
+		if err := b.ipvs.SetTimeouts(settings.TCPTimeout, settings.TCPFinTimeout, settings.UDPTimeout); err != nil {
+			return nil, fmt.Errorf("set IPVS timeouts (tcp %s, tcpfin %s, udp %s): %w", settings.TCPTimeout, settings.TCPFinTimeout, settings.UDPTimeout, err)
+		}
+	}
+	if err := b.checkScheduler(settings.Scheduler); err != nil {
+		return nil, err
+	}
+
+	if o.ipt != nil {
+		b.ipt, b.flavour = o.ipt, o.flavour
+	} else {
+		use, runners, reason, err := iptablesFlavours(ctx, cfg.Family)
+		if err != nil {
+			return nil, fmt.Errorf("ipvs backend needs iptables for its masquerade and filter rules: %w", err)
+		}
+		if o.flavour != "" {
+			if runners[o.flavour] == nil {
+				return nil, fmt.Errorf("iptables flavour %s is not installed", o.flavour)
+			}
+			use, reason = o.flavour, "configured"
+		}
+		b.ipt, b.flavour = runners[use], use
+		for f, r := range runners {
+			if f != use {
+				b.other = r
+			}
+		}
+		logger.Info("Using iptables for the rules around IPVS", "flavour", use, "reason", reason)
+	}
+	logger.V(2).Info("Using IPVS", "kernel", kv.String(), "scheduler", settings.Scheduler, "connReuseMode", connReuseMode(kv), "excludeCIDRs", settings.ExcludeCIDRs)
+	return b, nil
+}
+
+// checkScheduler makes sure the kernel has the scheduler, by creating a virtual server with
+// it on a documentation address (never bound, so no traffic reaches it) and deleting it.
+// IPVS loads the scheduler's module on demand; a kernel without it refuses the virtual
+// server. Skipped when an existing virtual server already uses the scheduler.
+func (b *Backend) checkScheduler(scheduler string) error {
+	existing, err := b.ipvs.Services()
+	if err != nil {
+		return fmt.Errorf("read IPVS services: %w", err)
+	}
+	for _, p := range existing {
+		if p.Scheduler == scheduler {
+			return nil
+		}
+	}
+	probe := vsKey{Proto: model.TCP, Addr: netip.MustParseAddr("198.51.100.0"), Port: 20000}
+	if b.cfg.Family == model.IPv6 {
+		probe.Addr = netip.MustParseAddr("2001:db8::ffff")
+	}
+	if err := b.ipvs.AddService(probe, vsParams{Scheduler: scheduler}); err != nil && !errors.Is(err, errExist) {
+		if errors.Is(err, errNoScheduler) {
+			return fmt.Errorf("IPVS scheduler %q is not available in this kernel: load ip_vs_%s (modprobe ip_vs_%s) or choose another ipvs.scheduler", scheduler, scheduler, scheduler)
+		}
+		return fmt.Errorf("probe IPVS scheduler %q: %w", scheduler, err)
+	}
+	after, err := b.ipvs.Services()
+	if err != nil {
+		return fmt.Errorf("read IPVS services: %w", err)
+	}
+	if _, ok := after[probe]; !ok {
+		// moby/ipvs reports success when the kernel has no IPVS at all; KernelSupportsIPVS
+		// said it has, so something else is wrong.
+		return fmt.Errorf("%w: a probe virtual server was accepted but not kept", ErrNoIPVS)
+	}
+	if err := b.ipvs.DeleteService(probe); err != nil && !errors.Is(err, errNotExist) {
+		return fmt.Errorf("delete the IPVS probe virtual server %s: %w", probe, err)
+	}
+	return nil
+}
+
+// Mode implements dataplane.Backend.
+func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeIPVS }
+
+// Family implements dataplane.Backend.
+func (b *Backend) Family() model.IPFamily { return b.cfg.Family }
+
+// Flavour returns the iptables flavour of the rules around IPVS.
+func (b *Backend) Flavour() Flavour { return b.flavour }
+
+// ApplyStats describes the last Apply, for tests, benchmarks and diagnostics.
+type ApplyStats struct {
+	Full bool
+	// Operations counts the kernel operations run, by kind ("add-vs", "delete-rs" ...).
+	Operations map[string]int
+	// DestinationReads counts the real-server listings (one netlink dump each).
+	DestinationReads int
+	// Restores counts iptables-restore runs.
+	Restores int
+	// Draining is the number of virtual servers with a real server draining after the sync.
+	Draining int
+	Duration time.Duration
+}
+
+// TotalOperations sums Operations.
+func (s ApplyStats) TotalOperations() int {
+	n := 0
+	for _, v := range s.Operations {
+		n += v
+	}
+	return n
+}
+
+// LastStats returns the statistics of the last Apply.
+func (b *Backend) LastStats() ApplyStats { return b.stats }
+
+// Apply implements dataplane.Backend.
+//
+// A full sync (asked for, the first, after a failure, and whenever cfg.SyncPeriod passed
+// since the last, like upstream's ipvs runner) reads every virtual server, real server,
+// address and ipset of the family and converges all of it, which repairs any drift. A
+// partial sync converges only the changed Services, and those with real servers draining,
+// reading only their real servers. A Service that cannot be programmed is reported in
+// Result.Failed; the others are programmed regardless.
+func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
+	start := b.now()
+	full := changes.Full || b.needFull || b.view == nil ||
+		(b.cfg.SyncPeriod > 0 && start.Sub(b.lastFull) >= b.cfg.SyncPeriod)
+	b.stats = ApplyStats{Full: full, Operations: map[string]int{}}
+	defer func() { b.stats.Duration = b.now().Sub(start) }()
+
+	var scope sets.Set[types.NamespacedName]
+	if full {
+		if err := b.readKernel(ctx, desired); err != nil {
+			b.needFull = true
+			return dataplane.Result{Err: err, Full: true}
+		}
+		scope = desired.ServiceNames()
+		for _, owner := range b.owners {
+			scope.Insert(owner)
+		}
+		b.records = make(map[types.NamespacedName]*serviceRecord, len(scope))
+		for name := range scope {
+			if ports := desired.PortsOf(name); len(ports) > 0 {
+				b.records[name] = buildRecord(ports, b.env)
+			}
+		}
+	} else {
+		scope = changes.Services.Clone()
+		if scope == nil {
+			scope = sets.New[types.NamespacedName]()
+		}
+		for _, owner := range b.draining {
+			scope.Insert(owner)
+		}
+		for name := range changes.Services {
+			if ports := desired.PortsOf(name); len(ports) > 0 {
+				b.records[name] = buildRecord(ports, b.env)
+			} else {
+				delete(b.records, name)
+			}
+		}
+		if err := b.readDestinations(scope); err != nil {
+			b.needFull = true
+			return dataplane.Result{Err: err}
+		}
+	}
+
+	p := makePlan(&planInput{
+		family:  b.cfg.Family,
+		full:    full,
+		records: b.records,
+		scope:   scope,
+		owners:  b.owners,
+		kernel:  b.view,
+		exclude: b.settings.ExcludeCIDRs,
+	})
+	res := b.execute(ctx, p, full)
+	res.Full = full
+	if res.Err != nil {
+		b.needFull = true
+	} else if full {
+		b.needFull = false
+		b.lastFull = start
+		if !b.leftoversDone {
+			b.removeLeftovers(ctx)
+			b.leftoversDone = true
+		}
+	}
+	b.stats.Draining = len(b.draining)
+	b.logger.V(2).Info("Synced IPVS", "full", full, "servicesInScope", scope.Len(), "operations", b.stats.TotalOperations(),
+		"destinationReads", b.stats.DestinationReads, "failedServices", len(res.Failed), "draining", len(b.draining), "elapsed", b.now().Sub(start).Seconds())
+	return res
+}
+
+// readKernel reads everything a full sync converges: virtual servers with their real
+// servers, the dummy device's addresses, the node's addresses and the ipsets.
+func (b *Backend) readKernel(ctx context.Context, desired *model.NodeState) error {
+	v := newKernelView()
+	all, err := b.ipvs.Services()
+	if err != nil {
+		return fmt.Errorf("read IPVS services: %w", err)
+	}
+	for k, p := range all {
+		if model.FamilyOf(k.Addr) == b.cfg.Family {
+			v.services[k] = p
+		}
+	}
+	for k := range v.services {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		dests, err := b.ipvs.Destinations(k)
+		if err != nil {
+			if errors.Is(err, errNotExist) {
+				delete(v.services, k)
+				continue
+			}
+			return fmt.Errorf("read IPVS real servers: %w", err)
+		}
+		v.dests[k] = dests
+		b.stats.DestinationReads++
+	}
+
+	exists, addrs, err := b.links.Dummy(dummyDevice)
+	if err != nil {
+		return err
+	}
+	v.linkExists = exists
+	for _, a := range addrs {
+		if model.FamilyOf(a) == b.cfg.Family && !a.IsLinkLocalUnicast() {
+			v.bound[a] = true
+		}
+	}
+
+	for id := ipsetID(0); id < numIPSets; id++ {
+		ks, err := b.sets.List(ipsetName(id, b.cfg.Family))
+		if err != nil {
+			if errors.Is(err, errNotExist) {
+				continue
+			}
+			return fmt.Errorf("read ipsets: %w", err)
+		}
+		v.sets[id] = ks
+	}
+
+	local, err := b.links.Addrs()
+	if err != nil {
+		return fmt.Errorf("read node addresses: %w", err)
+	}
+	b.env = b.makeEnv(local, desired)
+	b.view = v
+	b.draining = map[vsKey]types.NamespacedName{}
+	return nil
+}
+
+// makeEnv derives the addresses Services depend on from the node's addresses.
+func (b *Backend) makeEnv(local []linkAddr, desired *model.NodeState) *planEnv {
+	env := &planEnv{family: b.cfg.Family, scheduler: b.settings.Scheduler, localAddrs: map[netip.Addr]bool{}}
+	if ips := desired.Node.IPsOf(b.cfg.Family); len(ips) > 0 {
+		env.nodeIP = ips[0]
+	}
+	np := map[netip.Addr]bool{}
+	for _, la := range local {
+		if la.link == dummyDevice || model.FamilyOf(la.addr) != b.cfg.Family {
+			continue
+		}
+		env.localAddrs[la.addr] = true
+		if la.addr.IsLoopback() || la.addr.IsLinkLocalUnicast() {
+			continue
+		}
+		if !b.cfg.NodePortAddresses.MatchAll {
+			match := false
+			for _, c := range b.cfg.NodePortAddresses.CIDRs {
+				if c.Contains(la.addr) {
+					match = true
+				}
+			}
+			if !match {
+				continue
+			}
+		}
+		np[la.addr] = true
+	}
+	env.nodePortIPs = sortedAddrs(np)
+	return env
+}
+
+// readDestinations reads the real servers of every virtual server that the Services in
+// scope want or hold, for a partial sync.
+func (b *Backend) readDestinations(scope sets.Set[types.NamespacedName]) error {
+	want := map[vsKey]bool{}
+	for name := range scope {
+		for _, d := range b.records[name].vssOrNil() {
+			want[d.key] = true
+		}
+	}
+	for k, owner := range b.owners {
+		if scope.Has(owner) {
+			want[k] = true
+		}
+	}
+	b.view.dests = map[vsKey][]realServer{}
+	for k := range want {
+		if _, ok := b.view.services[k]; !ok {
+			continue
+		}
+		dests, err := b.ipvs.Destinations(k)
+		if err != nil {
+			if errors.Is(err, errNotExist) {
+				// Deleted behind sluice's back: the plan adds it again.
+				delete(b.view.services, k)
+				continue
+			}
+			return fmt.Errorf("read IPVS real servers: %w", err)
+		}
+		b.view.dests[k] = dests
+		b.stats.DestinationReads++
+	}
+	return nil
+}
+
+func (r *serviceRecord) vssOrNil() []desiredVS {
+	if r == nil {
+		return nil
+	}
+	return r.vss
+}
+
+// removeLeftovers removes, once, after the first successful full sync (so sluice's rules
+// already serve every Service), what other modes left: the nftables mode's table and
+// kube-proxy's chains in the iptables flavour not in use. The iptables mode's chains in the
+// flavour in use went in that first sync's restore.
+func (b *Backend) removeLeftovers(ctx context.Context) {
+	if b.opts.skipLeftovers {
+		return
+	}
+	if removed, err := b.opts.nftTables(b.cfg.Family); err != nil {
+		b.logger.Error(err, "Could not remove the nftables mode's table")
+	} else if removed {
+		b.logger.Info("Removed the nftables mode's table", "table", "kube-proxy")
+	}
+	if b.other != nil {
+		if n, err := removeKubeProxyChains(ctx, b.other); err != nil {
+			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour")
+		} else if n > 0 {
+			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "chains", n)
+		}
+	}
+}
+
+// describeFailures joins errors of one Service into one.
+func describeFailures(errs []error) error {
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}

@@ -1,0 +1,253 @@
+package ipvs
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// What one Service asks of the kernel, computed without touching it.
+
+// planEnv is what a Service's kernel objects depend on besides the Service: the node's
+// addresses and the configuration. It changes only on full syncs.
+type planEnv struct {
+	family model.IPFamily
+	// scheduler is the configured default scheduler (ipvs.scheduler).
+	scheduler string
+	// nodePortIPs are the addresses NodePort virtual servers listen on: the node's addresses
+	// of this family (nodePortAddresses applied), never loopback or link-local ones, and never
+	// the dummy device's.
+	nodePortIPs []netip.Addr
+	// localAddrs are every address on a link other than the dummy device. An externalIP or
+	// LoadBalancer IP among them is already local and is not bound to the dummy device.
+	localAddrs map[netip.Addr]bool
+	// nodeIP is the family's primary node IP: a loadBalancerSourceRanges entry that contains
+	// it also admits the node itself.
+	nodeIP netip.Addr
+}
+
+// desiredVS is one virtual server a Service needs.
+type desiredVS struct {
+	key    vsKey
+	params vsParams
+	// bind asks for key.Addr on the dummy device.
+	bind bool
+	// realServers are the endpoints, sorted, without duplicates (weight 1 each).
+	realServers []netip.AddrPort
+	// port is the Service port it serves, for logs and errors.
+	port model.ServicePortName
+	// udpLike is true for UDP and SCTP: real servers leave at once, without draining.
+	udpLike bool
+}
+
+// setMember is one ipset entry a Service needs.
+type setMember struct {
+	set   ipsetID
+	entry setEntry
+}
+
+// outFilterRule is one KUBE-IPVS-OUT-FILTER drop: node-originated traffic to a LoadBalancer
+// IP whose source ranges do not include the node.
+type outFilterRule struct {
+	addr  netip.Addr
+	proto model.Protocol
+	port  uint16
+}
+
+// serviceRecord is everything one Service (all its ports of this family) needs.
+type serviceRecord struct {
+	vss       []desiredVS // sorted by key, unique
+	members   []setMember
+	outFilter []outFilterRule
+}
+
+// vs returns the desired virtual server with key k, or nil.
+func (r *serviceRecord) vs(k vsKey) *desiredVS {
+	if r == nil {
+		return nil
+	}
+	i, ok := slices.BinarySearchFunc(r.vss, k, func(d desiredVS, k vsKey) int { return compareVSKeys(d.key, k) })
+	if !ok {
+		return nil
+	}
+	return &r.vss[i]
+}
+
+// buildRecord computes a Service's record from its ports. It is pure.
+//
+// Real servers per frontend (see docs/ipvs.md for the differences from upstream):
+//   - ClusterIP: the Local endpoints when internalTrafficPolicy is Local (none: the virtual
+//     server has no real server and IPVS answers "port unreachable"), else the Cluster ones.
+//   - NodePorts, externalIPs and LoadBalancer IPs: the Cluster endpoints, or with
+//     externalTrafficPolicy Local the Local ones; when there is no Local one, the Cluster ones
+//     (upstream's fallback, which keeps the Service working for pods and for the node) and
+//     the frontend goes into setNoLocalEndpoints, whose firewall rule drops the same traffic
+//     from anywhere else.
+func buildRecord(ports []*model.ServicePort, env *planEnv) *serviceRecord {
+	r := &serviceRecord{}
+	seen := map[vsKey]bool{}
+	addVS := func(sp *model.ServicePort, addr netip.Addr, port int32, bind bool, eps []netip.AddrPort, params vsParams) {
+		k := vsKey{Proto: sp.Name.Protocol, Addr: addr, Port: uint16(port)}
+		if !addr.IsValid() || port <= 0 || port > 65535 || seen[k] {
+			return
+		}
+		seen[k] = true
+		r.vss = append(r.vss, desiredVS{
+			key: k, params: params, bind: bind, realServers: eps, port: sp.Name,
+			udpLike: sp.Name.Protocol != model.TCP,
+		})
+	}
+	member := func(set ipsetID, e setEntry) {
+		r.members = append(r.members, setMember{set: set, entry: e.normalize(ipsets[set].typ)})
+	}
+
+	for _, sp := range ports {
+		proto := protoNumber(sp.Name.Protocol)
+		if proto == 0 {
+			continue
+		}
+		params := vsParams{Scheduler: env.scheduler}
+		if sp.Scheduler != "" {
+			params.Scheduler = sp.Scheduler
+		}
+		if sp.AffinityTimeoutSeconds > 0 {
+			params.Flags |= flagPersistent
+			params.Timeout = uint32(sp.AffinityTimeoutSeconds)
+		}
+		if params.Scheduler == "mh" {
+			params.Flags |= flagSched2
+		}
+
+		internal := sp.ClusterEndpoints
+		if sp.InternalPolicyLocal {
+			internal = sp.LocalEndpoints
+		}
+		external := sp.ClusterEndpoints
+		noLocal := false
+		if sp.ExternalPolicyLocal {
+			external = sp.LocalEndpoints
+			if len(external) == 0 {
+				external = sp.ClusterEndpoints
+				// Without any endpoint the virtual server has no real server and IPVS
+				// refuses everyone; only endpoints elsewhere call for the drop.
+				noLocal = sp.HasAnyEndpoints
+			}
+		}
+		internalRS := realServers(internal, env.family)
+		externalRS := realServers(external, env.family)
+
+		// Hairpin: a local endpoint reaching itself through the Service is masqueraded.
+		for _, ep := range sp.AllEndpoints {
+			if ep.IsLocal && validEndpoint(ep, env.family) {
+				member(setLoopBack, setEntry{IP: ep.IP, Proto: proto, Port: uint16(ep.Port), IP2: ep.IP})
+			}
+		}
+
+		if sp.ClusterIP.IsValid() && model.FamilyOf(sp.ClusterIP) == env.family {
+			member(setClusterIP, setEntry{IP: sp.ClusterIP, Proto: proto, Port: uint16(sp.Port)})
+			addVS(sp, sp.ClusterIP, sp.Port, true, internalRS, params)
+		}
+
+		for _, ip := range sp.ExternalIPs {
+			if model.FamilyOf(ip) != env.family {
+				continue
+			}
+			e := setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port)}
+			if sp.ExternalPolicyLocal {
+				member(setExternalIPLocal, e)
+			} else {
+				member(setExternalIP, e)
+			}
+			if noLocal {
+				member(setNoLocalEndpoints, e)
+			}
+			addVS(sp, ip, sp.Port, !env.localAddrs[ip], externalRS, params)
+		}
+
+		for _, ip := range sp.LoadBalancerVIPs {
+			if model.FamilyOf(ip) != env.family {
+				continue
+			}
+			e := setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port)}
+			member(setLoadBalancer, e)
+			if sp.ExternalPolicyLocal {
+				member(setLoadBalancerLocal, e)
+			}
+			if noLocal {
+				member(setNoLocalEndpoints, e)
+			}
+			if len(sp.LoadBalancerSourceRanges) > 0 {
+				member(setLoadBalancerFW, e)
+				allowNode := false
+				for _, cidr := range sp.LoadBalancerSourceRanges {
+					if model.FamilyOf(cidr.Addr()) != env.family {
+						continue
+					}
+					member(setLoadBalancerSourceCIDR, setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port), Net: cidr})
+					if env.nodeIP.IsValid() && cidr.Contains(env.nodeIP) {
+						allowNode = true
+					}
+				}
+				if allowNode {
+					// Traffic from the node to an LB IP it holds leaves with the LB IP as source.
+					member(setLoadBalancerSourceIP, setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port), IP2: ip})
+				} else {
+					r.outFilter = append(r.outFilter, outFilterRule{addr: ip, proto: sp.Name.Protocol, port: uint16(sp.Port)})
+				}
+			}
+			addVS(sp, ip, sp.Port, !env.localAddrs[ip], externalRS, params)
+		}
+
+		if sp.NodePort != 0 && len(env.nodePortIPs) > 0 {
+			np := uint16(sp.NodePort)
+			switch sp.Name.Protocol {
+			case model.TCP, model.UDP:
+				all, local := setNodePortTCP, setNodePortLocalTCP
+				if sp.Name.Protocol == model.UDP {
+					all, local = setNodePortUDP, setNodePortLocalUDP
+				}
+				member(all, setEntry{Port: np})
+				if sp.ExternalPolicyLocal {
+					member(local, setEntry{Port: np})
+				}
+			case model.SCTP:
+				// bitmap:port has no protocol, so SCTP NodePorts are per node IP.
+				for _, ip := range env.nodePortIPs {
+					member(setNodePortSCTP, setEntry{IP: ip, Proto: proto, Port: np})
+					if sp.ExternalPolicyLocal {
+						member(setNodePortLocalSCTP, setEntry{IP: ip, Proto: proto, Port: np})
+					}
+				}
+			}
+			for _, ip := range env.nodePortIPs {
+				if noLocal {
+					member(setNoLocalEndpoints, setEntry{IP: ip, Proto: proto, Port: np})
+				}
+				addVS(sp, ip, sp.NodePort, false, externalRS, params)
+			}
+		}
+
+		if sp.HealthCheckNodePort != 0 {
+			member(setHealthCheckNodePort, setEntry{Port: uint16(sp.HealthCheckNodePort)})
+		}
+	}
+	slices.SortFunc(r.vss, func(a, b desiredVS) int { return compareVSKeys(a.key, b.key) })
+	return r
+}
+
+func validEndpoint(ep model.Endpoint, family model.IPFamily) bool {
+	return ep.IP.IsValid() && model.FamilyOf(ep.IP) == family && ep.Port > 0 && ep.Port <= 65535
+}
+
+// realServers turns endpoints into sorted, unique real server addresses.
+func realServers(eps []model.Endpoint, family model.IPFamily) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(eps))
+	for _, ep := range eps {
+		if validEndpoint(ep, family) {
+			out = append(out, netip.AddrPortFrom(ep.IP.Unmap(), uint16(ep.Port)))
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
+	return slices.Compact(out)
+}

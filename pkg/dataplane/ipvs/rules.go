@@ -1,0 +1,454 @@
+package ipvs
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// The iptables ruleset around IPVS, rendered as iptables-restore input. IPVS itself does the
+// load balancing; these rules only decide what to masquerade, which sources the firewall
+// lets in, and what else may reach the Service addresses the node holds. The rules depend
+// on the ipsets' contents only through the sets, so they rarely change: a sync writes them
+// when their text changes, and every full sync writes them (with the jump rules and the
+// leftovers of other modes) to repair drift.
+
+// ruleConfig is what the rules depend on besides the Services.
+type ruleConfig struct {
+	family        model.IPFamily
+	markBit       int
+	masqueradeAll bool
+	detector      dataplane.LocalDetector
+}
+
+// ruleset holds the rules of the backend's own chains, as "-A CHAIN ..." lines, per table.
+type ruleset struct {
+	nat, filter []string
+}
+
+// text is the ruleset as one string, to tell whether it changed.
+func (r *ruleset) text() string {
+	return strings.Join(r.nat, "\n") + "\n--\n" + strings.Join(r.filter, "\n")
+}
+
+// numRules counts the rules per table (for the rule-count metrics).
+func (r *ruleset) numRules() (nat, filter int) { return len(r.nat), len(r.filter) }
+
+// masqueradeMark formats the mark bit as upstream's ipvs mode does ("%#08x": 0x00004000 for
+// bit 14; Go does not count the 0x in the width).
+func masqueradeMark(bit int) string { return fmt.Sprintf("%#08x", uint32(1)<<uint(bit)) }
+
+// detectorNotLocal returns the iptables arguments that match traffic not from a local pod,
+// or nil for the no-op detector. Like upstream, only the first CIDR counts: iptables cannot
+// negate a list.
+func detectorNotLocal(d dataplane.LocalDetector) []string {
+	if d.IsNoOp() {
+		return nil
+	}
+	switch d.Mode {
+	case dataplane.DetectLocalClusterCIDR, dataplane.DetectLocalNodeCIDR:
+		return []string{"!", "-s", d.CIDRs[0].String()}
+	case dataplane.DetectLocalBridgeInterface:
+		return []string{"!", "-i", d.Interface}
+	case dataplane.DetectLocalInterfaceNamePrefix:
+		return []string{"!", "-i", d.Interface + "+"}
+	}
+	return nil
+}
+
+// detectorLocal is the positive form of detectorNotLocal.
+func detectorLocal(d dataplane.LocalDetector) []string {
+	if n := detectorNotLocal(d); n != nil {
+		return n[1:]
+	}
+	return nil
+}
+
+// renderRules renders upstream's ipvs-mode rules (writeIptablesRules) for one family, in its
+// order, with two differences: the rules that match an ipset are written whether or not the
+// set is empty (so the ruleset does not change with the Services), and sluice's
+// KUBE-SLUICE-NO-LOCAL-EPS rules drop outside traffic to externalTrafficPolicy Local
+// frontends without local endpoints.
+func renderRules(cfg ruleConfig, outFilter []outFilterRule) *ruleset {
+	rs := &ruleset{}
+	name := func(id ipsetID) string { return ipsetName(id, cfg.family) }
+	matchSet := func(id ipsetID, dirs string) []string {
+		return []string{"-m", "set", "--match-set", name(id), dirs}
+	}
+	withComment := func(id ipsetID, dirs string) []string {
+		return append([]string{"-m", "comment", "--comment", ipsets[id].comment}, matchSet(id, dirs)...)
+	}
+	nat := func(chain string, args ...[]string) { rs.nat = append(rs.nat, line(chain, args...)) }
+	filter := func(chain string, args ...[]string) { rs.filter = append(rs.filter, line(chain, args...)) }
+	jump := func(target string) []string { return []string{"-j", target} }
+	mark := masqueradeMark(cfg.markBit)
+
+	loopback := "127.0.0.0/8"
+	if cfg.family == model.IPv6 {
+		loopback = "::1/128"
+	}
+	nat(chainServices, []string{"-s", loopback}, jump("RETURN"))
+
+	// Sets that lead somewhere (upstream's ipsetWithIptablesChain, in its order).
+	nat(chainPostrouting, withComment(setLoopBack, "dst,dst,src"), jump("MASQUERADE"))
+	nat(chainServices, withComment(setLoadBalancer, "dst,dst"), jump(chainLoadBalancer))
+	nat(chainLoadBalancer, withComment(setLoadBalancerLocal, "dst,dst"), jump("RETURN"))
+	for _, np := range []struct {
+		proto      string
+		local, all ipsetID
+		dirs       string
+	}{
+		{"tcp", setNodePortLocalTCP, setNodePortTCP, "dst"},
+		{"udp", setNodePortLocalUDP, setNodePortUDP, "dst"},
+		{"sctp", setNodePortLocalSCTP, setNodePortSCTP, "dst,dst"},
+	} {
+		nat(chainNodePort, []string{"-p", np.proto}, withComment(np.local, np.dirs), jump("RETURN"))
+		nat(chainNodePort, []string{"-p", np.proto}, withComment(np.all, np.dirs), jump(chainMarkMasq))
+	}
+	filter(chainProxyFirewall, withComment(setLoadBalancerFW, "dst,dst"), jump(chainSourceRangesFirewall))
+	filter(chainSourceRangesFirewall, withComment(setLoadBalancerSourceCIDR, "dst,dst,src"), jump("RETURN"))
+	filter(chainSourceRangesFirewall, withComment(setLoadBalancerSourceIP, "dst,dst,src"), jump("RETURN"))
+
+	// sluice: externalTrafficPolicy Local without local endpoints. Pods (by the local
+	// detector) and the node itself reach the cluster's endpoints, everyone else is dropped.
+	if local := detectorLocal(cfg.detector); local != nil {
+		filter(chainProxyFirewall, withComment(setNoLocalEndpoints, "dst,dst"), local, jump("RETURN"))
+	}
+	filter(chainProxyFirewall, withComment(setNoLocalEndpoints, "dst,dst"),
+		[]string{"-m", "addrtype", "!", "--src-type", "LOCAL"}, jump("DROP"))
+
+	// ClusterIPs: masquerade what does not come from a pod.
+	switch notLocal := detectorNotLocal(cfg.detector); {
+	case cfg.masqueradeAll:
+		nat(chainServices, withComment(setClusterIP, "dst,dst"), jump(chainMarkMasq))
+	case notLocal != nil:
+		nat(chainServices, withComment(setClusterIP, "dst,dst"), notLocal, jump(chainMarkMasq))
+	default:
+		// Without a detector, masquerade traffic the node sends from a Service address: the
+		// dummy device makes the kernel pick a VIP as the source of connections to VIPs.
+		nat(chainServices, withComment(setClusterIP, "src,dst"), jump(chainMarkMasq))
+	}
+
+	// externalIPs: masquerade (Cluster policy), and accept what comes from outside the node
+	// or to an address the node holds.
+	externalAccept := func(id ipsetID) {
+		nat(chainServices, withComment(id, "dst,dst"), []string{"-m", "physdev", "!", "--physdev-is-in", "-m", "addrtype", "!", "--src-type", "LOCAL"}, jump("ACCEPT"))
+		nat(chainServices, withComment(id, "dst,dst"), []string{"-m", "addrtype", "--dst-type", "LOCAL"}, jump("ACCEPT"))
+	}
+	nat(chainServices, withComment(setExternalIP, "dst,dst"), jump(chainMarkMasq))
+	externalAccept(setExternalIP)
+	externalAccept(setExternalIPLocal)
+
+	nat(chainServices, []string{"-m", "addrtype", "--dst-type", "LOCAL"}, jump(chainNodePort))
+	nat(chainLoadBalancer, jump(chainMarkMasq))
+	filter(chainSourceRangesFirewall, jump("DROP"))
+
+	for _, f := range outFilter {
+		filter(chainIPVSOutFilter, []string{"-s", f.addr.String(), "-m", "ipvs", "--vaddr", f.addr.String(),
+			"--vproto", strings.ToLower(string(f.proto)), "--vport", strconv.Itoa(int(f.port))}, jump("DROP"))
+	}
+
+	// Accept traffic to virtual servers, whatever other rules say (at the end of KUBE-SERVICES).
+	nat(chainServices, matchSet(setClusterIP, "dst,dst"), jump("ACCEPT"))
+	nat(chainServices, matchSet(setLoadBalancer, "dst,dst"), jump("ACCEPT"))
+
+	filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding rules", "-m", "mark", "--mark", mark + "/" + mark}, jump("ACCEPT"))
+	filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding conntrack rule", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"}, jump("ACCEPT"))
+	filter(chainNodePort, withComment(setHealthCheckNodePort, "dst"), jump("ACCEPT"))
+
+	// Nothing but the Services' ports answers on the addresses the dummy device holds
+	// (https://issues.k8s.io/72236).
+	filter(chainIPVSFilter, matchSet(setLoadBalancer, "dst,dst"), jump("RETURN"))
+	filter(chainIPVSFilter, matchSet(setClusterIP, "dst,dst"), jump("RETURN"))
+	filter(chainIPVSFilter, matchSet(setExternalIP, "dst,dst"), jump("RETURN"))
+	filter(chainIPVSFilter, matchSet(setExternalIPLocal, "dst,dst"), jump("RETURN"))
+	filter(chainIPVSFilter, matchSet(setHealthCheckNodePort, "dst"), jump("RETURN"))
+	filter(chainIPVSFilter, []string{"-m", "conntrack", "--ctstate", "NEW"}, matchSet(setIPVSIPs, "dst"), jump("REJECT"))
+
+	nat(chainPostrouting, []string{"-m", "mark", "!", "--mark", mark + "/" + mark}, jump("RETURN"))
+	nat(chainPostrouting, []string{"-j", "MARK", "--xor-mark", mark})
+	nat(chainPostrouting, []string{"-m", "comment", "--comment", "kubernetes service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully"})
+	nat(chainMarkMasq, []string{"-j", "MARK", "--or-mark", mark})
+	return rs
+}
+
+// line renders "-A chain args..." with arguments quoted as iptables-save does.
+func line(chain string, args ...[]string) string {
+	var b strings.Builder
+	b.WriteString("-A ")
+	b.WriteString(chain)
+	for _, group := range args {
+		for _, a := range group {
+			b.WriteByte(' ')
+			b.WriteString(quote(a))
+		}
+	}
+	return b.String()
+}
+
+func quote(a string) string {
+	if a == "" || strings.ContainsAny(a, " \t\"\\'") {
+		return strconv.Quote(a)
+	}
+	return a
+}
+
+// savedTable is one table of iptables-save output.
+type savedTable struct {
+	chains []string
+	rules  []savedRule
+}
+
+// savedRule is one "-A chain ..." line, also split into arguments.
+type savedRule struct {
+	chain string
+	args  []string // after "-A chain"
+	line  string
+}
+
+// target returns the rule's -j or -g target ("" when it has none).
+func (r savedRule) target() string {
+	for i := 0; i+1 < len(r.args); i++ {
+		if r.args[i] == "-j" || r.args[i] == "-g" {
+			return r.args[i+1]
+		}
+	}
+	return ""
+}
+
+// parseSave splits iptables-save output into tables.
+func parseSave(out []byte) map[string]*savedTable {
+	tables := map[string]*savedTable{}
+	var cur *savedTable
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(l, "*"):
+			cur = &savedTable{}
+			tables[l[1:]] = cur
+		case cur == nil:
+		case strings.HasPrefix(l, ":"):
+			if f := strings.Fields(l[1:]); len(f) > 0 {
+				cur.chains = append(cur.chains, f[0])
+			}
+		case strings.HasPrefix(l, "-A "):
+			args := splitArgs(l)
+			if len(args) < 2 {
+				continue
+			}
+			cur.rules = append(cur.rules, savedRule{chain: args[1], args: args[2:], line: l})
+		}
+	}
+	return tables
+}
+
+// splitArgs splits a rule line into arguments, undoing iptables-save's double quotes.
+func splitArgs(l string) []string {
+	var out []string
+	var cur strings.Builder
+	inQuote, escaped, have := false, false, false
+	for _, r := range l {
+		switch {
+		case escaped:
+			cur.WriteRune(r)
+			escaped = false
+		case r == '\\' && inQuote:
+			escaped = true
+		case r == '"':
+			inQuote = !inQuote
+			have = true
+		case (r == ' ' || r == '\t') && !inQuote:
+			if have || cur.Len() > 0 {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if have || cur.Len() > 0 {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// tableFixes are the changes a full sync makes to one table besides its own chains: rules
+// deleted from built-in chains (stale jumps), jump rules inserted, leftover chains removed.
+type tableFixes struct {
+	deleteRules  []string
+	insertJumps  []string
+	removeChains []string
+}
+
+func (f *tableFixes) empty() bool {
+	return f == nil || len(f.deleteRules) == 0 && len(f.insertJumps) == 0 && len(f.removeChains) == 0
+}
+
+// planFixes compares what iptables-save shows with the backend's layout: jump rules that are
+// missing get inserted at the top of their chain, any other rule of a built-in chain that
+// leads into a kube-proxy chain (the iptables mode's jumps, duplicates) is deleted, and the
+// kube-proxy chains this mode does not use (KUBE-SVC-*, KUBE-NODEPORTS, the canaries ...)
+// are removed, in the same restore that writes the rules, so nothing is left unserved.
+func planFixes(saved map[string]*savedTable) map[string]*tableFixes {
+	out := map[string]*tableFixes{}
+	for _, table := range []string{tableNAT, tableFilter, tableMangle} {
+		f := &tableFixes{}
+		out[table] = f
+		st := saved[table]
+		remove := map[string]bool{}
+		if st != nil {
+			for _, c := range st.chains {
+				if !builtinChains[c] && kubeProxyChain(table, c) && !slices.Contains(ownChains[table], c) {
+					remove[c] = true
+					f.removeChains = append(f.removeChains, c)
+				}
+			}
+		}
+		matched := make([]bool, len(jumpRules))
+		if st != nil {
+			for _, r := range st.rules {
+				if !builtinChains[r.chain] {
+					continue
+				}
+				target := r.target()
+				if !remove[target] && !slices.Contains(ownChains[table], target) {
+					continue
+				}
+				keep := false
+				for i, j := range jumpRules {
+					if !matched[i] && j.table == table && j.from == r.chain && j.to == target && slices.Equal(j.args(), r.args) {
+						matched[i], keep = true, true
+						break
+					}
+				}
+				if !keep {
+					f.deleteRules = append(f.deleteRules, "-D"+strings.TrimPrefix(r.line, "-A"))
+				}
+			}
+		}
+		for i, j := range jumpRules {
+			if j.table == table && !matched[i] {
+				f.insertJumps = append(f.insertJumps, strings.Replace(line(j.from, j.args()), "-A "+j.from, "-I "+j.from+" 1", 1))
+			}
+		}
+	}
+	return out
+}
+
+// restoreInput renders the iptables-restore input that writes rs (declaring a chain
+// flushes it) with fixes applied (nil for a partial sync).
+func restoreInput(rs *ruleset, fixes map[string]*tableFixes) []byte {
+	var b bytes.Buffer
+	write := func(table string, rules []string) {
+		f := fixes[table]
+		if rules == nil && f.empty() {
+			return
+		}
+		b.WriteString("*" + table + "\n")
+		for _, c := range ownChains[table] {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+		if f != nil {
+			for _, c := range f.removeChains {
+				b.WriteString(":" + c + " - [0:0]\n")
+			}
+			for _, l := range f.deleteRules {
+				b.WriteString(l + "\n")
+			}
+			for _, l := range f.insertJumps {
+				b.WriteString(l + "\n")
+			}
+		}
+		for _, l := range rules {
+			b.WriteString(l + "\n")
+		}
+		if f != nil {
+			for _, c := range f.removeChains {
+				b.WriteString("-X " + c + "\n")
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	write(tableNAT, rs.nat)
+	write(tableFilter, rs.filter)
+	if f := fixes[tableMangle]; !f.empty() {
+		b.WriteString("*" + tableMangle + "\n")
+		for _, c := range f.removeChains {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+		for _, l := range f.deleteRules {
+			b.WriteString(l + "\n")
+		}
+		for _, c := range f.removeChains {
+			b.WriteString("-X " + c + "\n")
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.Bytes()
+}
+
+// flushOwnChainsInput renders iptables-restore input that empties the backend's chains.
+func flushOwnChainsInput() []byte {
+	var b bytes.Buffer
+	for _, table := range []string{tableNAT, tableFilter} {
+		b.WriteString("*" + table + "\n")
+		for _, c := range ownChains[table] {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.Bytes()
+}
+
+// removalInput renders iptables-restore input that removes every kube-proxy chain (iptables
+// and ipvs modes) and the rules jumping to them: what Cleanup and the removal of the other
+// iptables flavour's leftovers do. nil when there is nothing to remove.
+func removalInput(saved map[string]*savedTable) []byte {
+	var b bytes.Buffer
+	for _, table := range []string{tableNAT, tableFilter, tableMangle} {
+		st := saved[table]
+		if st == nil {
+			continue
+		}
+		var chains, deletes []string
+		owned := map[string]bool{}
+		for _, c := range st.chains {
+			if !builtinChains[c] && kubeProxyChain(table, c) {
+				chains = append(chains, c)
+				owned[c] = true
+			}
+		}
+		for _, r := range st.rules {
+			if builtinChains[r.chain] && owned[r.target()] {
+				deletes = append(deletes, "-D"+strings.TrimPrefix(r.line, "-A"))
+			}
+		}
+		if len(chains) == 0 && len(deletes) == 0 {
+			continue
+		}
+		b.WriteString("*" + table + "\n")
+		for _, c := range chains {
+			b.WriteString(":" + c + " - [0:0]\n")
+		}
+		for _, l := range deletes {
+			b.WriteString(l + "\n")
+		}
+		for _, c := range chains {
+			b.WriteString("-X " + c + "\n")
+		}
+		b.WriteString("COMMIT\n")
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	return b.Bytes()
+}

@@ -1,0 +1,158 @@
+package ipvs
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// sysctl reads and writes /proc/sys; a seam for tests.
+type sysctl interface {
+	Get(name string) (int, error)
+	Set(name string, value int) error
+}
+
+// procSysctl is the real sysctl. /proc/sys/net follows the network namespace of the
+// process, which is the one the backend programs.
+type procSysctl struct{ root string }
+
+func (p procSysctl) Get(name string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(p.root, name))
+	if err != nil {
+		return 0, err
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, fmt.Errorf("sysctl %s: %w", name, err)
+	}
+	return v, nil
+}
+
+func (p procSysctl) Set(name string, value int) error {
+	return os.WriteFile(filepath.Join(p.root, name), []byte(strconv.Itoa(value)+"\n"), 0o640)
+}
+
+// ensureSysctl sets name to value unless it has it already.
+func ensureSysctl(s sysctl, name string, value int) error {
+	if v, err := s.Get(name); err == nil && v == value {
+		return nil
+	}
+	if err := s.Set(name, value); err != nil {
+		return fmt.Errorf("set sysctl %s=%d: %w", name, value, err)
+	}
+	return nil
+}
+
+// kernelVersion is major.minor.patch of the running kernel.
+type kernelVersion struct{ major, minor, patch int }
+
+func (v kernelVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.patch) }
+
+func (v kernelVersion) atLeast(major, minor int) bool {
+	return v.major > major || v.major == major && v.minor >= minor
+}
+
+// parseKernelRelease reads "6.1.0-56-amd64", "5.10.0", "4.19.112+" and the like.
+func parseKernelRelease(release string) (kernelVersion, error) {
+	var nums [3]int
+	parts := strings.SplitN(release, ".", 3)
+	for i, p := range parts {
+		end := 0
+		for end < len(p) && p[end] >= '0' && p[end] <= '9' {
+			end++
+		}
+		if end == 0 {
+			if i < 2 {
+				return kernelVersion{}, fmt.Errorf("unparsable kernel release %q", release)
+			}
+			break
+		}
+		nums[i], _ = strconv.Atoi(p[:end])
+		if end < len(p) {
+			break
+		}
+	}
+	if len(parts) < 2 {
+		return kernelVersion{}, fmt.Errorf("unparsable kernel release %q", release)
+	}
+	return kernelVersion{nums[0], nums[1], nums[2]}, nil
+}
+
+func runningKernel() (kernelVersion, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return kernelVersion{}, fmt.Errorf("uname: %w", err)
+	}
+	return parseKernelRelease(unix.ByteSliceToString(u.Release[:]))
+}
+
+// connReuseMode returns the conn_reuse_mode to set on a kernel, or -1 to leave it alone.
+//
+// With conn_reuse_mode=1 (the kernel's default) a SYN that reuses the source port of a
+// connection IPVS still remembers used to be dropped for a second before being rescheduled
+// (https://issues.k8s.io/70747); upstream set 0 to avoid that, which made IPVS send such
+// connections to the old real server even at weight 0, forever under port reuse
+// (https://issues.k8s.io/81775). Linux 5.9 removed the delay (commit "ipvs: allow
+// connection reuse for unconfirmed conntrack"; https://issues.k8s.io/93297), so there 1 is
+// right on both counts and sluice sets it (upstream only leaves it alone, so a 0 left by an
+// older kube-proxy stays). Between 4.1 and 5.9 sluice keeps upstream's 0: a one-second
+// stall of every reused port is worse than the weight-0 leak, which expire_nodest_conn
+// ends when the real server is deleted. Before 4.1 the sysctl does not exist.
+func connReuseMode(v kernelVersion) int {
+	switch {
+	case !v.atLeast(4, 1):
+		return -1
+	case v.atLeast(5, 9):
+		return 1
+	}
+	return 0
+}
+
+// setupSysctls sets what IPVS needs: conntrack for IPVS connections (the masquerade rules
+// and the conntrack reconciler see them), conn_reuse_mode, expiry of connections whose real
+// server is gone (so a deleted real server does not blackhole them, https://issues.k8s.io/71358)
+// and of persistence templates of quiesced ones (weight 0), forwarding, and strict ARP when
+// asked (so the node does not answer ARP for the addresses on the dummy device, which
+// MetalLB's L2 mode needs).
+func setupSysctls(s sysctl, v kernelVersion, strictARP bool, logger klog.Logger) error {
+	want := []struct {
+		name  string
+		value int
+	}{
+		{sysctlVSConnTrack, 1},
+		{sysctlExpireNoDestConn, 1},
+		{sysctlExpireQuiescentTemplate, 1},
+		{sysctlIPForward, 1},
+	}
+	if m := connReuseMode(v); m >= 0 {
+		want = append(want, struct {
+			name  string
+			value int
+		}{sysctlConnReuseMode, m})
+	} else {
+		logger.Info("Kernel too old to set sysctl, leaving it alone", "sysctl", sysctlConnReuseMode, "kernel", v.String(), "minimumKernel", "4.1")
+	}
+	if strictARP {
+		want = append(want, struct {
+			name  string
+			value int
+		}{sysctlARPIgnore, 1}, struct {
+			name  string
+			value int
+		}{sysctlARPAnnounce, 2})
+	}
+	for _, w := range want {
+		if err := ensureSysctl(s, w.name, w.value); err != nil {
+			return err
+		}
+	}
+	if v, err := s.Get(sysctlBridgeNFCallIPTables); err == nil && v != 1 {
+		logger.Info("Missing br_netfilter module or unset sysctl br-nf-call-iptables; Services may not work for pods on a bridge", "sysctl", sysctlBridgeNFCallIPTables)
+	}
+	return nil
+}
