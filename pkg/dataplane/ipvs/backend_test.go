@@ -92,11 +92,11 @@ func TestSchedulersComeFromConfigAndAnnotation(t *testing.T) {
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	for key, want := range map[vsKey]vsParams{
-		{model.TCP, addr("10.96.0.10"), 80}:     {Scheduler: "lc"},
-		{model.TCP, addr("10.96.0.11"), 80}:     {Scheduler: "sh"},
-		{model.TCP, addr("10.96.0.12"), 80}:     {Scheduler: "mh", Flags: flagSched2},
+		{model.TCP, addr("10.96.0.10"), 80}:      {Scheduler: "lc"},
+		{model.TCP, addr("10.96.0.11"), 80}:      {Scheduler: "sh"},
+		{model.TCP, addr("10.96.0.12"), 80}:      {Scheduler: "mh", Flags: flagSched2},
 		{model.TCP, addr("192.168.0.10"), 30012}: {Scheduler: "mh", Flags: flagSched2},
-		{model.TCP, addr("10.96.0.13"), 80}:     {Scheduler: "lc", Flags: flagPersistent, Timeout: 10800},
+		{model.TCP, addr("10.96.0.13"), 80}:      {Scheduler: "lc", Flags: flagPersistent, Timeout: 10800},
 	} {
 		vs, ok := k.services[key]
 		if !ok {
@@ -142,8 +142,8 @@ func TestTrafficPoliciesChooseRealServers(t *testing.T) {
 		port: svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal, endpoints(local, remote)),
 		want: map[vsKey][]string{cip("10.96.0.10"): {local, remote}, np(30010): {local}},
 	}, {
-		name: "external Local without local endpoints falls back to the cluster's and drops outside traffic",
-		port: svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal, endpoints(remote)),
+		name:    "external Local without local endpoints falls back to the cluster's and drops outside traffic",
+		port:    svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal, endpoints(remote)),
 		want:    map[vsKey][]string{cip("10.96.0.10"): {remote}, np(30010): {remote}},
 		noLocal: []string{"192.168.0.10,tcp:30010"},
 	}, {
@@ -798,9 +798,12 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	k2 := newFakeNode()
 	k2.services[vsKey{model.TCP, addr("10.0.0.1"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}}
 	deps2 := cleanupDeps{
-		supported: func() (bool, error) { t.Error("IPVS probed on a host where the ipvs mode never ran"); return false, nil },
-		openIPVS:  func() (ipvsKernel, func(), error) { return fakeIPVS{k2}, func() {}, nil },
-		links:     fakeLinks{k2}, sets: fakeIPSets{k2}, runners: []iptablesRunner{fakeIPTables{k: k2}},
+		supported: func() (bool, error) {
+			t.Error("IPVS probed on a host where the ipvs mode never ran")
+			return false, nil
+		},
+		openIPVS: func() (ipvsKernel, func(), error) { return fakeIPVS{k2}, func() {}, nil },
+		links:    fakeLinks{k2}, sets: fakeIPSets{k2}, runners: []iptablesRunner{fakeIPTables{k: k2}},
 	}
 	if err := cleanup(context.Background(), model.IPv4, deps2); err != nil {
 		t.Fatal(err)
@@ -813,8 +816,11 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	k3.links[dummyDevice] = []netip.Addr{addr("10.96.0.10")}
 	deps3 := cleanupDeps{
 		supported: func() (bool, error) { return false, nil },
-		openIPVS:  func() (ipvsKernel, func(), error) { t.Error("IPVS opened on a kernel without it"); return nil, nil, errors.New("no") },
-		links:     fakeLinks{k3}, sets: fakeIPSets{k3},
+		openIPVS: func() (ipvsKernel, func(), error) {
+			t.Error("IPVS opened on a kernel without it")
+			return nil, nil, errors.New("no")
+		},
+		links: fakeLinks{k3}, sets: fakeIPSets{k3},
 	}
 	if err := cleanup(context.Background(), model.IPv4, deps3); err != nil {
 		t.Fatal(err)
@@ -857,4 +863,3 @@ func TestIPv6UsesItsOwnSetsAndLeavesIPv4Alone(t *testing.T) {
 		t.Errorf("kube-ipvs0 (-want +got):\n%s", diff)
 	}
 }
-

@@ -34,12 +34,15 @@ var (
 // fakeClock is a settable clock.
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time          { return c.t }
-func (c *fakeClock) step(d time.Duration)    { c.t = c.t.Add(d) }
-func newClock() *fakeClock                   { return &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-func addr(s string) netip.Addr               { return netip.MustParseAddr(s) }
-func addrPort(s string) netip.AddrPort       { return netip.MustParseAddrPort(s) }
-func nn(s string) types.NamespacedName       { ns, n, _ := strings.Cut(s, "/"); return types.NamespacedName{Namespace: ns, Name: n} }
+func (c *fakeClock) now() time.Time       { return c.t }
+func (c *fakeClock) step(d time.Duration) { c.t = c.t.Add(d) }
+func newClock() *fakeClock                { return &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+func addr(s string) netip.Addr            { return netip.MustParseAddr(s) }
+func addrPort(s string) netip.AddrPort    { return netip.MustParseAddrPort(s) }
+func nn(s string) types.NamespacedName {
+	ns, n, _ := strings.Cut(s, "/")
+	return types.NamespacedName{Namespace: ns, Name: n}
+}
 func changed(names ...string) model.Changes {
 	s := sets.New[types.NamespacedName]()
 	for _, n := range names {

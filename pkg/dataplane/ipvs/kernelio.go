@@ -454,4 +454,3 @@ func isNotSupported(err error) bool {
 	return errors.As(err, &errno) && (errno == unix.EPROTONOSUPPORT || errno == unix.EAFNOSUPPORT || errno == unix.EOPNOTSUPP) ||
 		strings.Contains(fmt.Sprint(err), "not supported")
 }
-
