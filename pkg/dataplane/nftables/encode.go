@@ -166,13 +166,16 @@ func (e *encoder) encodeSet(s *setDef, name string, id uint32, group int) {
 	b.u32(unix.NFTA_SET_ID, id)
 	// nft reads the key byte order from the userdata to print integer keys; everything
 	// else it prints from the types.
-	order := uint32(byteorderBigEndian)
-	if s.keyType == typeInteger {
-		order = byteorderHost
-	}
-	ud := userdata.AppendUint32(nil, udataSetKeyOrder, order)
-	if s.comment != "" {
-		ud = userdata.AppendString(ud, udataSetComment, truncateComment(s.comment))
+	ud := s.udata
+	if ud == nil {
+		order := uint32(byteorderBigEndian)
+		if s.keyType == typeInteger {
+			order = byteorderHost
+		}
+		ud = userdata.AppendUint32(nil, udataSetKeyOrder, order)
+		if s.comment != "" {
+			ud = userdata.AppendString(ud, udataSetComment, truncateComment(s.comment))
+		}
 	}
 	b.attr(unix.NFTA_SET_USERDATA, ud)
 	e.end()

@@ -42,6 +42,8 @@ type setDef struct {
 	dataLen  uint32
 	timeout  time.Duration
 	comment  string
+	// udata replaces the userdata nft reads to print the set (see endpointMapUdata).
+	udata []byte
 }
 
 // sameKind reports whether the kernel object s can stand for d: equal types, lengths,
@@ -126,7 +128,8 @@ func staticSets(c *layoutConfig) []setDef {
 	}
 	for i := 0; i < endpointMaps; i++ {
 		sets = append(sets, setDef{name: endpointMapName(i), flags: unix.NFT_SET_MAP, keyType: typeInteger, keyLen: 4,
-			dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4})
+			dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4,
+			udata: endpointMapUdata(f)})
 	}
 	if !c.nodePortMatchAll {
 		sets = append(sets, setDef{name: nodePortIPsSet, keyType: f.addrType, keyLen: uint32(f.addrLn),
@@ -241,4 +244,32 @@ func nodePortAddrs(f *family, cidrs []netip.Prefix, local []netip.Addr) []netip.
 	}
 	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
 	return slices.Compact(out)
+}
+
+// endpointMapUdata is the userdata nft 1.0 writes for a map declared "typeof numgen
+// random mod 2 : ip daddr . th dport" (ip6 daddr for IPv6; th, not tcp, because TCP,
+// UDP and SCTP Services share the maps). Without it nft cannot print
+// an integer-keyed map, nor load a rule that uses one, so `nft list ruleset` output
+// would not load back. The kernel ignores it. TLVs (type, length, value), values
+// host-order: key byte order (host), data byte order, the key's typeof (expression
+// numgen: mode random, modulus 2, offset 0), the data's typeof (a concatenation of
+// payload ip/ip6 daddr and payload th dport), data interval (no).
+func endpointMapUdata(f *family) []byte {
+	ipDesc, daddrField := byte(12), byte(12) // nft's proto_ip and its daddr template
+	if f.addrLn == 16 {
+		ipDesc, daddrField = 13, 9 // proto_ip6 and its daddr template
+	}
+	return []byte{
+		0, 4, 1, 0, 0, 0, // NFTNL_UDATA_SET_KEYBYTEORDER: host
+		1, 4, 0, 0, 0, 0, // NFTNL_UDATA_SET_DATABYTEORDER
+		3, 26, // NFTNL_UDATA_SET_KEY_TYPEOF
+		0, 4, 23, 0, 0, 0, // expression: numgen
+		1, 18, 0, 4, 1, 0, 0, 0, 1, 4, 2, 0, 0, 0, 2, 4, 0, 0, 0, 0, // random, mod 2, offset 0
+		4, 52, // NFTNL_UDATA_SET_DATA_TYPEOF
+		0, 4, 13, 0, 0, 0, // expression: concatenation
+		1, 44,
+		0, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, ipDesc, 0, 0, 0, 1, 4, daddrField, 0, 0, 0, // payload ip(6) daddr
+		1, 20, 0, 4, 7, 0, 0, 0, 1, 12, 0, 4, 11, 0, 0, 0, 1, 4, 2, 0, 0, 0, // payload th dport
+		6, 4, 0, 0, 0, 0, // NFTNL_UDATA_SET_DATA_INTERVAL
+	}
 }

@@ -151,11 +151,19 @@ func (o *op) render(f *family, b *strings.Builder) {
 		if s.flags&unix.NFT_SET_MAP != 0 {
 			kind = "map"
 		}
-		b.WriteString("add " + kind + " " + prefix + " " + s.name + " { type " + typeName(s.keyType))
-		if s.flags&unix.NFT_SET_MAP != 0 {
-			b.WriteString(" : " + typeName(s.dataType))
+		if isEndpointMap(s.name) {
+			addr := "ip daddr"
+			if s.dataLen > 8 {
+				addr = "ip6 daddr"
+			}
+			b.WriteString("add map " + prefix + " " + s.name + " { typeof numgen random mod 2 : " + addr + " . th dport ;")
+		} else {
+			b.WriteString("add " + kind + " " + prefix + " " + s.name + " { type " + typeName(s.keyType))
+			if s.flags&unix.NFT_SET_MAP != 0 {
+				b.WriteString(" : " + typeName(s.dataType))
+			}
+			b.WriteString(" ;")
 		}
-		b.WriteString(" ;")
 		var flags []string
 		if s.flags&unix.NFT_SET_EVAL != 0 {
 			flags = append(flags, "dynamic")

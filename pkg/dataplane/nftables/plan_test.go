@@ -37,7 +37,7 @@ func newFakeKernel(cfg dataplane.Config) *fakeKernel {
 func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 	k.cfg.serviceCIDRs = ns.ServiceCIDRs
 	in := &planInput{
-		cfg: k.cfg, nodeIP: testNodeIP, localAddrs: []netip.Addr{testNodeIP, testNodeIPv6, netip.MustParseAddr("127.0.0.1")},
+		cfg: k.cfg, nodeIP: testNodeIP, localAddrs: testLocalAddrs,
 		desired: ns, full: ch.Full, changed: ch.Services, state: k.state, prevRecords: k.state.services,
 		deleteChainsNow: k.deleteChainsNow, now: k.now,
 	}
@@ -77,38 +77,51 @@ func golden(t *testing.T, name, got string) {
 	}
 }
 
+// planVariant is a configuration the golden tests (and the kernel tests that load the
+// golden files with nft) cover.
+type planVariant struct {
+	name   string
+	family model.IPFamily
+	edit   func(*dataplane.Config)
+}
+
+func (v planVariant) config() dataplane.Config {
+	cfg := testConfig(v.family)
+	if v.edit != nil {
+		v.edit(&cfg)
+	}
+	return cfg
+}
+
+var planVariants = []planVariant{
+	{name: "ipv4", family: model.IPv4},
+	{name: "ipv6", family: model.IPv6},
+	{name: "ipv4-masquerade-all-nodeports-everywhere", family: model.IPv4, edit: func(c *dataplane.Config) {
+		c.MasqueradeAll = true
+		c.NodePortAddresses = dataplane.NodePortAddresses{MatchAll: true}
+	}},
+	{name: "ipv4-bridge-interface", family: model.IPv4, edit: func(c *dataplane.Config) {
+		c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalBridgeInterface, Interface: "cbr0"}
+	}},
+	{name: "ipv4-interface-prefix", family: model.IPv4, edit: func(c *dataplane.Config) {
+		c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalInterfaceNamePrefix, Interface: "veth"}
+	}},
+	{name: "ipv4-no-local-detector", family: model.IPv4, edit: func(c *dataplane.Config) {
+		c.LocalDetector = dataplane.LocalDetector{}
+		c.NodePortAddresses.CIDRs = []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16")}
+	}},
+}
+
+// testLocalAddrs are the node addresses the planner tests (and the kernel tests loading
+// their golden files) see.
+var testLocalAddrs = []netip.Addr{testNodeIP, testNodeIPv6, netip.MustParseAddr("127.0.0.1")}
+
 func TestFullPlanGolden(t *testing.T) {
-	cidr := func(s string) []netip.Prefix { return []netip.Prefix{netip.MustParsePrefix(s)} }
-	for _, tc := range []struct {
-		name   string
-		family model.IPFamily
-		edit   func(*dataplane.Config)
-	}{
-		{name: "ipv4", family: model.IPv4},
-		{name: "ipv6", family: model.IPv6},
-		{name: "ipv4-masquerade-all-nodeports-everywhere", family: model.IPv4, edit: func(c *dataplane.Config) {
-			c.MasqueradeAll = true
-			c.NodePortAddresses = dataplane.NodePortAddresses{MatchAll: true}
-		}},
-		{name: "ipv4-bridge-interface", family: model.IPv4, edit: func(c *dataplane.Config) {
-			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalBridgeInterface, Interface: "cbr0"}
-		}},
-		{name: "ipv4-interface-prefix", family: model.IPv4, edit: func(c *dataplane.Config) {
-			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalInterfaceNamePrefix, Interface: "veth"}
-		}},
-		{name: "ipv4-no-local-detector", family: model.IPv4, edit: func(c *dataplane.Config) {
-			c.LocalDetector = dataplane.LocalDetector{}
-			c.NodePortAddresses.CIDRs = cidr("192.168.0.0/16")
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(tc.family)
-			if tc.edit != nil {
-				tc.edit(&cfg)
-			}
-			k := newFakeKernel(cfg)
-			p := k.apply(examples(tc.family), model.Changes{Full: true})
-			golden(t, "full-"+tc.name+".nft", p.String())
+	for _, v := range planVariants {
+		t.Run(v.name, func(t *testing.T) {
+			k := newFakeKernel(v.config())
+			p := k.apply(examples(v.family), model.Changes{Full: true})
+			golden(t, "full-"+v.name+".nft", p.String())
 		})
 	}
 }
