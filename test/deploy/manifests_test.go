@@ -13,7 +13,9 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -368,5 +370,101 @@ func TestPodMonitorScrapesThePodsOfBothDeployments(t *testing.T) {
 				t.Errorf("path %q: sluice serves /metrics", ep.Path)
 			}
 		}
+	}
+}
+
+// readmeSnippet returns the text between the line containing start and the next line
+// equal to end, in deploy/README.md.
+func readmeSnippet(t *testing.T, start, end string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(data), "\n")
+	for i, l := range lines {
+		if !strings.Contains(l, start) {
+			continue
+		}
+		for j := i + 1; j < len(lines); j++ {
+			if lines[j] == end {
+				return strings.Join(lines[i+1:j], "\n") + "\n"
+			}
+		}
+	}
+	t.Fatalf("deploy/README.md has no snippet after %q", start)
+	return ""
+}
+
+func TestReadmeSideBySideStepsGateBothDaemonSets(t *testing.T) {
+	// Step 2's overlay keeps sluice off every node not yet labelled.
+	fsys := filesys.MakeFsInMemory()
+	base := filepath.Join(repoRoot(t), "deploy", "base")
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile(filepath.Join(base, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fsys.WriteFile(filepath.Join("/deploy/base", e.Name()), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gate := readmeSnippet(t, "cat > my-sluice/kustomization.yaml <<'EOF'", "EOF")
+	if err := fsys.WriteFile("/my-sluice/kustomization.yaml", []byte(gate)); err != nil {
+		t.Fatal(err)
+	}
+	ds := render(t, fsys, "/my-sluice").onlyDaemonSet(t)
+	sel := ds.Spec.Template.Spec.NodeSelector
+	if sel["sluice.io/proxy"] != "sluice" || sel["kubernetes.io/os"] != "linux" {
+		t.Errorf("gated node selector %v", sel)
+	}
+
+	// Step 1's patch keeps kube-proxy off the labelled nodes: apply it to kubeadm's
+	// DaemonSet as kubectl patch --type=strategic does.
+	line := readmeSnippet(t, "# 1. Keep kube-proxy off nodes handed to sluice.", "kubectl -n kube-system rollout status ds/kube-proxy      # kube-proxy restarts once, in place")
+	_, patch, ok := strings.Cut(strings.TrimSpace(line), "-p '")
+	if !ok || !strings.HasSuffix(patch, "'") {
+		t.Fatalf("cannot find the patch in %q", line)
+	}
+	patch = strings.TrimSuffix(patch, "'")
+	var kubeProxy *appsv1.DaemonSet
+	fixture, err := os.ReadFile(filepath.Join("testdata", "kubeadm-kube-proxy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range yamlDocuments(t, fixture) {
+		if obj, _, err := decodeStrict(doc); err == nil {
+			if d, ok := obj.(*appsv1.DaemonSet); ok {
+				kubeProxy = d
+			}
+		}
+	}
+	original, err := json.Marshal(kubeProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := strategicpatch.StrategicMergePatch(original, []byte(patch), appsv1.DaemonSet{})
+	if err != nil {
+		t.Fatalf("the README's patch does not apply: %v", err)
+	}
+	obj, _, err := decodeStrict(patched)
+	if err != nil {
+		t.Fatalf("patched kube-proxy DaemonSet: %v", err)
+	}
+	aff := obj.(*appsv1.DaemonSet).Spec.Template.Spec.Affinity
+	if aff == nil || aff.NodeAffinity == nil || aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		t.Fatal("no required node affinity after the patch")
+	}
+	terms := aff.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 {
+		t.Fatalf("node selector terms %+v", terms)
+	}
+	e := terms[0].MatchExpressions[0]
+	if e.Key != "sluice.io/proxy" || e.Operator != corev1.NodeSelectorOpNotIn || !slices.Equal(e.Values, []string{"sluice"}) {
+		t.Errorf("kube-proxy's affinity %+v does not exclude the nodes labelled for sluice", e)
 	}
 }
