@@ -38,15 +38,37 @@ type applyResult struct {
 	// err is a failure that is not a Service's: the fixed part was rejected, or the
 	// outcome of a batch is unknown.
 	err error
+	// cleanupFailed tells that err is the rejection of the leftovers' cleanup.
+	cleanupFailed bool
 	// batches counts transactions committed.
 	batches int
 }
 
+// batchSender sends one transaction (conn.sendBatch; a fake in unit tests).
+type batchSender interface {
+	sendBatch(msgs []byte, count int) ([]batchError, error)
+}
+
 type applier struct {
-	c      *conn
+	c      batchSender
 	f      *family
 	limits batchLimits
+	// fault, in tests, adds a bad message to the groups of some Services.
+	fault func(svc types.NamespacedName) faultKind
 }
+
+// faultKind is a bad message tests inject into a Service's group.
+type faultKind int
+
+const (
+	noFault faultKind = iota
+	// faultMissingChain adds a rule to a chain that does not exist: the kernel rejects
+	// that message.
+	faultMissingChain
+	// faultLoop makes a chain jump to itself: the kernel accepts every message and
+	// rejects the batch as a whole when it validates the table at commit.
+	faultLoop
+)
 
 func (a *applier) apply(p *Plan) *applyResult {
 	res := &applyResult{applied: make([]bool, len(p.groups)), failed: map[types.NamespacedName]error{}}
@@ -126,7 +148,16 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 				before := enc.count
 				enc.encodeOp(&g.ops[oi], gi)
 				for m := before; m < enc.count; m++ {
-					where = append(where, opRef{group: gi, op: oi})
+					where = append(where, opRef{group: gi, op: &g.ops[oi]})
+				}
+			}
+			if a.fault != nil && g.isService() {
+				if bad := faultOp(a.f, a.fault(g.service), g); bad != nil {
+					before := enc.count
+					enc.encodeOp(bad, gi)
+					for m := before; m < enc.count; m++ {
+						where = append(where, opRef{group: gi, op: bad})
+					}
 				}
 			}
 		}
@@ -152,12 +183,17 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 			}
 			ref := where[e.index]
 			if _, seen := bad[ref.group]; !seen {
-				bad[ref.group] = fmt.Errorf("%s: %w", p.groups[ref.group].ops[ref.op].describe(), e)
+				bad[ref.group] = fmt.Errorf("%s: %w", ref.op.describe(), e)
 			}
 		}
 		for gi, e := range bad {
-			if !p.groups[gi].isService() {
-				res.err = fmt.Errorf("fixed part of the table rejected: %w", e)
+			if g := &p.groups[gi]; !g.isService() {
+				if g.cleanup {
+					res.cleanupFailed = true
+					res.err = fmt.Errorf("removing leftovers rejected: %w", e)
+				} else {
+					res.err = fmt.Errorf("fixed part of the table rejected: %w", e)
+				}
 				return
 			}
 		}
@@ -194,7 +230,26 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 	}
 }
 
-type opRef struct{ group, op int }
+// opRef says which op of which group a message of a batch came from.
+type opRef struct {
+	group int
+	op    *op
+}
+
+// faultOp returns the bad op of an injected fault, or nil.
+func faultOp(f *family, k faultKind, g *group) *op {
+	switch k {
+	case faultMissingChain:
+		return &op{kind: opAddRule, name: "no-such-chain", rule: compileRule(f, rule{terms: []term{dropVerdict}})}
+	case faultLoop:
+		for _, o := range g.ops {
+			if o.kind == opAddRule {
+				return &op{kind: opAddRule, name: o.name, rule: compileRule(f, rule{terms: []term{jumpTo(o.name)}})}
+			}
+		}
+	}
+	return nil
+}
 
 // describe names an op for error messages.
 func (o *op) describe() string {

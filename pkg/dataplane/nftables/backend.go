@@ -52,6 +52,7 @@ type options struct {
 	localAddrs     func() ([]netip.Addr, error)
 	now            func() time.Time
 	skipValidation bool
+	fault          func(types.NamespacedName) faultKind
 }
 
 // WithoutLeftoverCleanup skips removing the iptables and ipvs modes' leftovers at start
@@ -74,6 +75,12 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 
 // withoutValidation lets a bad Service reach the kernel (tests of failure isolation).
 func withoutValidation() Option { return func(o *options) { o.skipValidation = true } }
+
+// withFault injects a bad message into the groups of the Services fault picks (tests of
+// failure isolation).
+func withFault(fault func(types.NamespacedName) faultKind) Option {
+	return func(o *options) { o.fault = fault }
+}
 
 // New checks that this kernel can run the nftables mode, removes the leftovers of the
 // iptables and ipvs modes, and returns a Backend for cfg.Family. It does not touch the
@@ -109,7 +116,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family.String())
 	b := &Backend{
 		cfg: cfg, f: f, c: c, logger: logger,
-		app:             &applier{c: c, f: f, limits: o.limits},
+		app:             &applier{c: c, f: f, limits: o.limits, fault: o.fault},
 		needFull:        true,
 		deleteChainsNow: kv.atLeast(6, 2),
 		localAddrs:      o.localAddrs,
@@ -234,9 +241,6 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if p.replace {
 		base = newTableState()
 	}
-	if base == b.state && base != nil {
-		// A partial plan's base is the model itself; it is updated in place.
-	}
 	for i := range p.groups {
 		if res.applied[i] {
 			base.commit(&p.groups[i], start)
@@ -259,6 +263,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		out.Err = res.err
 		b.needFull = true
 		metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
+		if res.cleanupFailed {
+			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(family).Inc()
+		}
 		if errors.Is(res.err, errBatchLost) {
 			b.state = nil
 		}

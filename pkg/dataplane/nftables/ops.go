@@ -55,6 +55,9 @@ type group struct {
 	// service is the Service the group programs, or "" for the fixed part and the
 	// cleanup of leftovers (a failure there fails the whole sync).
 	service types.NamespacedName
+	// cleanup marks the group that removes leftovers and stale chains (its failure is a
+	// cleanup failure).
+	cleanup bool
 	ops     []op
 	fx      *groupEffects
 }

@@ -339,6 +339,7 @@ func (p *planner) plan() {
 	}
 
 	p.startGroup(types.NamespacedName{})
+	p.cur.cleanup = true
 	if p.in.full {
 		p.planLeftovers()
 	}

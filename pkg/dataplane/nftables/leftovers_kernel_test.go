@@ -1,0 +1,64 @@
+//go:build kernel
+
+package nftables
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// TestStartRemovesIPTablesLeftovers: kube-proxy's iptables chains (both iptables
+// flavours) go when the nftables backend starts; kubelet's stay.
+func TestStartRemovesIPTablesLeftovers(t *testing.T) {
+	for _, flavour := range []string{"legacy", "nft"} {
+		t.Run(flavour, func(t *testing.T) {
+			restore := "iptables-" + flavour + "-restore"
+			save := "iptables-" + flavour + "-save"
+			if _, err := exec.LookPath(restore); err != nil {
+				t.Skipf("%s not installed", restore)
+			}
+			in := `*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-ABCDEF - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -d 172.30.0.1/32 -j KUBE-SVC-ABCDEF
+COMMIT
+*filter
+:KUBE-FIREWALL - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+-A INPUT -j KUBE-FIREWALL
+-A INPUT -m conntrack --ctstate NEW -j KUBE-PROXY-FIREWALL
+COMMIT
+`
+			cmd := exec.Command(restore, "--noflush")
+			cmd.Stdin = strings.NewReader(in)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v: %s", restore, err, out)
+			}
+			b, err := New(t.Context(), testConfig(model.IPv4))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Close()
+			out, err := exec.Command(save).CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: %v: %s", save, err, out)
+			}
+			for _, gone := range []string{"KUBE-SERVICES", "KUBE-SVC-ABCDEF", "KUBE-PROXY-FIREWALL"} {
+				if strings.Contains(string(out), gone) {
+					t.Errorf("%s left:\n%s", gone, out)
+				}
+			}
+			if !strings.Contains(string(out), "-A INPUT -j KUBE-FIREWALL") {
+				t.Errorf("kubelet's KUBE-FIREWALL removed:\n%s", out)
+			}
+			// Clean kubelet's chain so the next flavour starts empty.
+			exec.Command(strings.TrimSuffix(restore, "-restore"), "-F").Run()
+			exec.Command(strings.TrimSuffix(restore, "-restore"), "-X").Run()
+			exec.Command(strings.TrimSuffix(restore, "-restore"), "-t", "nat", "-F").Run()
+		})
+	}
+}
