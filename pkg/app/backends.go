@@ -103,3 +103,13 @@ func supportedFamilies(ctx context.Context, mode dataplane.Mode) []model.IPFamil
 	}
 	return append(families, model.IPv6)
 }
+
+// familyNames spells families for logs ("IPv4", "IPv6"): a []model.IPFamily is a byte
+// slice underneath, which structured loggers print as base64 ("BAY=").
+func familyNames(families []model.IPFamily) []string {
+	out := make([]string, 0, len(families))
+	for _, f := range families {
+		out = append(out, f.String())
+	}
+	return out
+}
