@@ -55,10 +55,17 @@ COMMIT
 			if !strings.Contains(string(out), "-A INPUT -j KUBE-FIREWALL") {
 				t.Errorf("kubelet's KUBE-FIREWALL removed:\n%s", out)
 			}
-			// Clean kubelet's chain so the next flavour starts empty.
-			exec.Command(strings.TrimSuffix(restore, "-restore"), "-F").Run()
-			exec.Command(strings.TrimSuffix(restore, "-restore"), "-X").Run()
-			exec.Command(strings.TrimSuffix(restore, "-restore"), "-t", "nat", "-F").Run()
+			// Leave nothing behind for the other tests of this namespace.
+			ipt := strings.TrimSuffix(restore, "-restore")
+			for _, table := range []string{"filter", "nat"} {
+				_ = exec.Command(ipt, "-t", table, "-F").Run()
+				_ = exec.Command(ipt, "-t", table, "-X").Run()
+			}
+			if flavour == "nft" {
+				for _, table := range []string{"filter", "nat", "mangle"} {
+					_ = exec.Command("nft", "delete", "table", "ip", table).Run()
+				}
+			}
 		})
 	}
 }
