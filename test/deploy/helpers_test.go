@@ -8,7 +8,6 @@ package deploy
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -532,10 +531,4 @@ func withTimeout(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// describe names an object for messages.
-func describe(o k8sruntime.Object) string {
-	gvk := o.GetObjectKind().GroupVersionKind()
-	return fmt.Sprintf("%s %T", gvk.Kind, o)
 }
