@@ -77,7 +77,6 @@ type Cluster struct {
 	// LogDir holds the process logs.
 	LogDir string
 
-	t         testing.TB
 	linkTag   string // prefix of every link this run creates in the test's namespace
 	mu        sync.Mutex
 	processes []*Process
@@ -153,7 +152,6 @@ func New(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{
 		ID:      fmt.Sprintf("%s-%d-%d", namePrefix, pid, seq),
 		linkTag: fmt.Sprintf("%s%06x%x", namePrefix, pid, seq%16),
-		t:       t,
 	}
 	c.Underlay = c.ID + "-underlay"
 	c.APIBridge = c.linkTag + "br"
