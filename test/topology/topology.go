@@ -210,13 +210,20 @@ func script(cmds ...[]string) error {
 
 func words(s string, a ...any) []string { return strings.Fields(fmt.Sprintf(s, a...)) }
 
+// sysctl applies "key=value" settings inside namespace ns. /proc/sys/net shows the network
+// namespace of the thread that opens it, so the files are written from a thread inside ns
+// (no dependency on procps' sysctl binary).
 func sysctl(ns string, settings ...string) error {
-	args := append([]string{"netns", "exec", ns, "sysctl", "-q", "-w"}, settings...)
-	out, err := exec.Command("ip", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("sysctl in %s %v: %w: %s", ns, settings, err, bytes.TrimSpace(out))
-	}
-	return nil
+	return netnstest.Do(ns, func() error {
+		for _, kv := range settings {
+			key, value, _ := strings.Cut(kv, "=")
+			path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+			if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s in %s: %w", kv, ns, err)
+			}
+		}
+		return nil
+	})
 }
 
 func (c *Cluster) addNetNS(name string, ipv6 bool) error {

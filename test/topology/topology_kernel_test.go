@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -145,9 +146,14 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 	})
 
 	t.Run("nodes are set up like kube-proxy expects", func(t *testing.T) {
+		// Settings go to the nodes, never to the test's own namespace (a fresh one here).
+		if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(string(b)) != "0" {
+			t.Errorf("the test's own namespace has ip_forward=%q (%v), want it untouched (0)", b, err)
+		}
 		for _, n := range c.Nodes {
 			for _, key := range []string{"net.ipv4.ip_forward", "net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables"} {
-				if got := strings.TrimSpace(mustRun(t, &n.Host, "sysctl", "-n", key)); got != "1" {
+				path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+				if got := strings.TrimSpace(mustRun(t, &n.Host, "cat", path)); got != "1" {
 					t.Errorf("%s: %s = %s, want 1", n.Name, key, got)
 				}
 			}
