@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -423,11 +424,6 @@ func toNetlinkEntry(t ipsetType, e setEntry) *netlink.IPSetEntry {
 	}
 	if t != typeHashIP {
 		port, proto := e.Port, e.Proto
-		if t == typeBitmapPort {
-			// bitmap:port keeps no protocol; the library sends one anyway (TCP), which the
-			// kernel ignores.
-			proto = unix.IPPROTO_TCP
-		}
 		out.Port, out.Protocol = &port, &proto
 	}
 	if e.IP2.IsValid() {
@@ -441,11 +437,44 @@ func toNetlinkEntry(t ipsetType, e setEntry) *netlink.IPSetEntry {
 }
 
 func (n *netlinkIPSets) Add(name string, t ipsetType, e setEntry) error {
-	return classify(n.h.IpsetAdd(name, toNetlinkEntry(t, e)), []error{nl.IPSetError(nl.IPSET_ERR_EXIST)}, ipsetNotExist)
+	var err error
+	if t == typeBitmapPort {
+		err = bitmapPortAddDel(nl.IPSET_CMD_ADD, name, e.Port)
+	} else {
+		err = n.h.IpsetAdd(name, toNetlinkEntry(t, e))
+	}
+	return classify(err, []error{nl.IPSetError(nl.IPSET_ERR_EXIST)}, ipsetNotExist)
 }
 
 func (n *netlinkIPSets) Del(name string, t ipsetType, e setEntry) error {
-	return classify(n.h.IpsetDel(name, toNetlinkEntry(t, e)), nil, []error{nl.IPSetError(nl.IPSET_ERR_EXIST), unix.ENOENT})
+	var err error
+	if t == typeBitmapPort {
+		err = bitmapPortAddDel(nl.IPSET_CMD_DEL, name, e.Port)
+	} else {
+		err = n.h.IpsetDel(name, toNetlinkEntry(t, e))
+	}
+	return classify(err, nil, []error{nl.IPSetError(nl.IPSET_ERR_EXIST), unix.ENOENT})
+}
+
+// bitmapPortAddDel adds or deletes one port of a bitmap:port set. vishvananda/netlink sends
+// a protocol attribute with every port, which bitmap:port's strict attribute policy refuses
+// (IPSET_ERR_PROTOCOL, "invalid protocol"); this request carries the port alone, as
+// ipset(8) sends it. It opens its own netfilter socket in the current network namespace.
+func bitmapPortAddDel(cmd int, set string, port uint16) error {
+	req := nl.NewNetlinkRequest(cmd|(unix.NFNL_SUBSYS_IPSET<<8), nl.GetIpsetFlags(cmd)|unix.NLM_F_EXCL)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: uint8(unix.AF_NETLINK), Version: nl.NFNETLINK_V0})
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(set)))
+	data := nl.NewRtAttr(nl.IPSET_ATTR_DATA|int(nl.NLA_F_NESTED), nil)
+	data.AddChild(nl.NewRtAttr(nl.IPSET_ATTR_PORT|int(nl.NLA_F_NET_BYTEORDER), binary.BigEndian.AppendUint16(nil, port)))
+	data.AddChild(&nl.Uint32Attribute{Type: nl.IPSET_ATTR_LINENO | nl.NLA_F_NET_BYTEORDER, Value: 0})
+	req.AddData(data)
+	_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	var errno syscall.Errno
+	if errors.As(err, &errno) && int(errno) >= nl.IPSET_ERR_PRIVATE {
+		return nl.IPSetError(uintptr(errno))
+	}
+	return err
 }
 
 // isNotSupported reports whether err says a kernel subsystem is missing.

@@ -1,0 +1,737 @@
+//go:build kernel
+
+// Kernel tests of the backend with real packets. They need IPVS and dummy interfaces, so they
+// run in the test VM (hack/ipvs-vm.sh); on a kernel without IPVS they skip, except
+// TestKernelNewFailsWithoutIPVS, which runs only there.
+//
+// The test binary runs in a network namespace of its own (TestMain, netnstest.Main): that
+// namespace is the node the backend programs. Each test adds namespaces around it and
+// removes everything it programmed (with Cleanup) when it ends:
+//
+//	client namespace  203.0.113.2/24 and .3/24 (TEST-NET-3), default route via the node
+//	node (this one)   203.0.113.1/24 towards the client (the node IP); 10.244.N.1/24 towards pod N
+//	pod N namespace   10.244.N.2/24, default route via the node; TCP :8080 and UDP :5353 answer
+//	                  "podN <source address>" to every line or datagram
+//	Services          ClusterIPs 10.96.x.y, LoadBalancer and external IPs 192.0.2.x (TEST-NET-1)
+//
+// Pod 1 counts as this node's (Local) endpoint, pod 2 as another node's.
+package ipvs
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	mobyipvs "github.com/moby/ipvs"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/netnstest"
+	"github.com/sluiceproxy/sluice/test/vm"
+)
+
+func TestMain(m *testing.M) { netnstest.Main(m) }
+
+var (
+	kNodeIP   = netip.MustParseAddr("203.0.113.1")
+	kClient   = netip.MustParseAddr("203.0.113.2")
+	kClient2  = netip.MustParseAddr("203.0.113.3")
+	topoCount atomic.Int32
+)
+
+// requireKernelIPVS skips without IPVS, except in the VM, where that is a broken VM.
+func requireKernelIPVS(t *testing.T) {
+	t.Helper()
+	ok, err := KernelSupportsIPVS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		return
+	}
+	if vm.InGuest() {
+		t.Fatal("the test VM's kernel has no IPVS")
+	}
+	t.Skip("kernel has no IPVS; run via hack/ipvs-vm.sh")
+}
+
+// topology is a client and pods around this namespace, the node.
+type topology struct {
+	client string
+	pods   []string
+	podIPs []netip.Addr
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	return netnstest.MustRun(t, name, args...)
+}
+
+func newTopology(t *testing.T, pods int) *topology {
+	t.Helper()
+	requireKernelIPVS(t)
+	n := topoCount.Add(1)
+	tp := &topology{client: netnstest.NewNamed(t, "client")}
+	clientLink := fmt.Sprintf("vc%d", n)
+	var podLinks []string
+	run(t, "ip", "link", "add", clientLink, "type", "veth", "peer", "name", "eth0", "netns", tp.client)
+	run(t, "ip", "addr", "add", kNodeIP.String()+"/24", "dev", clientLink)
+	run(t, "ip", "link", "set", clientLink, "up")
+	run(t, "ip", "-n", tp.client, "addr", "add", kClient.String()+"/24", "dev", "eth0")
+	run(t, "ip", "-n", tp.client, "addr", "add", kClient2.String()+"/24", "dev", "eth0")
+	run(t, "ip", "-n", tp.client, "link", "set", "eth0", "up")
+	run(t, "ip", "-n", tp.client, "route", "add", "default", "via", kNodeIP.String())
+	for i := 1; i <= pods; i++ {
+		ns := netnstest.NewNamed(t, fmt.Sprintf("pod%d", i))
+		link := fmt.Sprintf("vp%d_%d", n, i)
+		podLinks = append(podLinks, link)
+		podIP := netip.MustParseAddr(fmt.Sprintf("10.244.%d.2", i))
+		run(t, "ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+		run(t, "ip", "addr", "add", fmt.Sprintf("10.244.%d.1/24", i), "dev", link)
+		run(t, "ip", "link", "set", link, "up")
+		run(t, "ip", "-n", ns, "addr", "add", podIP.String()+"/24", "dev", "eth0")
+		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
+		run(t, "ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.244.%d.1", i))
+		tp.pods = append(tp.pods, ns)
+		tp.podIPs = append(tp.podIPs, podIP)
+		servePod(t, ns, fmt.Sprintf("pod%d", i))
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		for _, f := range model.Families {
+			if err := Cleanup(ctx, f); err != nil {
+				t.Errorf("Cleanup %s: %v", f, err)
+			}
+		}
+		for _, l := range append(podLinks, clientLink) {
+			exec.Command("ip", "link", "del", l).Run()
+		}
+		exec.Command("conntrack", "-F").Run()
+	})
+	return tp
+}
+
+// servePod answers on TCP :8080 and UDP :5353 in the namespace with "name <peer address>".
+func servePod(t *testing.T, ns, name string) {
+	t.Helper()
+	var ln net.Listener
+	var pc net.PacketConn
+	if err := netnstest.Do(ns, func() error {
+		var err error
+		if ln, err = net.Listen("tcp", ":8080"); err != nil {
+			return err
+		}
+		pc, err = net.ListenPacket("udp", ":5353")
+		return err
+	}); err != nil {
+		t.Fatalf("serving in %s: %v", ns, err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); pc.Close(); wg.Wait() })
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					if _, err := fmt.Fprintf(c, "%s %s\n", name, host); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(from.String())
+			pc.WriteTo([]byte(name+" "+host), from)
+		}
+	}()
+}
+
+// dial opens a TCP connection from the namespace (from src when valid).
+func dial(ns string, src netip.Addr, to string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := netnstest.Do(ns, func() error {
+		d := net.Dialer{Timeout: timeout}
+		if src.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		}
+		var err error
+		c, err = d.Dial("tcp", to)
+		return err
+	})
+	return c, err
+}
+
+// ask sends one line over c and returns the answer ("pod1 203.0.113.2").
+func ask(c net.Conn) (string, error) {
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, "hello\n"); err != nil {
+		return "", err
+	}
+	l, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(l), err
+}
+
+// fetch connects, asks once and closes.
+func fetch(ns string, src netip.Addr, to string) (string, error) {
+	c, err := dial(ns, src, to, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	return ask(c)
+}
+
+func mustFetch(t *testing.T, ns, to string) string {
+	t.Helper()
+	got, err := fetch(ns, netip.Addr{}, to)
+	if err != nil {
+		t.Fatalf("connecting from %s to %s: %v", ns, to, err)
+	}
+	return got
+}
+
+// expectBlocked checks that a connection attempt fails; refused tells a refusal (RST or
+// ICMP) from silence.
+func expectBlocked(t *testing.T, ns string, src netip.Addr, to string, refused bool) {
+	t.Helper()
+	got, err := fetch(ns, src, to)
+	if err == nil {
+		t.Fatalf("%s reached %s (answer %q), want it blocked", ns, to, got)
+	}
+	isRefused := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH)
+	if isRefused != refused {
+		t.Fatalf("%s to %s: %v; want refused=%v", ns, to, err, refused)
+	}
+}
+
+func udpAsk(ns, to string) (string, error) {
+	var c net.Conn
+	if err := netnstest.Do(ns, func() error {
+		var err error
+		c, err = net.Dial("udp", to)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	defer c.Close()
+	buf := make([]byte, 200)
+	for range 3 {
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("hello")); err != nil {
+			return "", err
+		}
+		n, err := c.Read(buf)
+		if err == nil {
+			return string(buf[:n]), nil
+		}
+	}
+	return "", fmt.Errorf("no UDP answer from %s", to)
+}
+
+func kernelConfig() dataplane.Config {
+	return dataplane.Config{
+		Family: model.IPv4, NodeName: nodeName, MasqueradeBit: 14,
+		NodePortAddresses: dataplane.NodePortAddresses{MatchAll: true},
+		LocalDetector:     dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}},
+		SyncPeriod:        time.Hour,
+	}
+}
+
+func newKernelBackend(t *testing.T, settings Settings) *Backend {
+	t.Helper()
+	ctx := klog.NewContext(context.Background(), klog.Background())
+	b, err := New(ctx, kernelConfig(), settings)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return b
+}
+
+// kernelState is an IPv4 NodeState of this node.
+func kernelState(ports ...*model.ServicePort) *model.NodeState {
+	s := stateOf(ports...)
+	s.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{kNodeIP}}
+	return s
+}
+
+// pod1 is this node's endpoint, pod2 another node's (as far as the model is concerned).
+const (
+	pod1 = "10.244.1.2:8080"
+	pod2 = "10.244.2.2:8080"
+)
+
+func kernelApply(t *testing.T, b *Backend, state *model.NodeState, ch model.Changes) {
+	t.Helper()
+	res := b.Apply(context.Background(), state, ch)
+	if res.Err != nil || len(res.Failed) > 0 {
+		t.Fatalf("Apply: %v %v", res.Err, res.Failed)
+	}
+}
+
+func answeredBy(reply string) string { name, _, _ := strings.Cut(reply, " "); return name }
+func sourceSeen(reply string) string { _, src, _ := strings.Cut(reply, " "); return src }
+
+func TestKernelClusterIPReachesEndpoints(t *testing.T) {
+	tp := newTopology(t, 2)
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, kernelState(
+		svcPort("ns/web", "10.96.0.10", 80, endpoints(pod1, pod2)),
+		svcPort("ns/dns", "10.96.0.53", 53, udp, endpoints("10.244.2.2:5353")),
+		svcPort("ns/self", "10.96.0.11", 80, endpoints(pod1)),
+	), model.Changes{Full: true})
+
+	seen := map[string]int{}
+	for range 4 {
+		reply := mustFetch(t, tp.client, "10.96.0.10:80")
+		seen[answeredBy(reply)]++
+		if src := sourceSeen(reply); src == kClient.String() {
+			t.Errorf("traffic from outside the cluster to a ClusterIP was not masqueraded (pod saw %s)", src)
+		}
+	}
+	if seen["pod1"] != 2 || seen["pod2"] != 2 {
+		t.Errorf("answers %v, want round robin over both pods", seen)
+	}
+	// From a pod to another pod: no masquerade (the source is a pod). To itself it is
+	// masqueraded (hairpin), so look at pod2's answers only. (Pod 2 counts as another
+	// node's, so it has no hairpin entry and must not be the one asking.)
+	for range 2 {
+		if reply := mustFetch(t, tp.pods[0], "10.96.0.10:80"); answeredBy(reply) == "pod2" && sourceSeen(reply) != "10.244.1.2" {
+			t.Errorf("pod-to-ClusterIP answer %q: the pod's source was rewritten", reply)
+		}
+	}
+	// Hairpin: a pod reaching itself through its Service works (KUBE-LOOP-BACK masquerade).
+	if reply := mustFetch(t, tp.pods[0], "10.96.0.11:80"); answeredBy(reply) != "pod1" {
+		t.Errorf("hairpin answer %q", reply)
+	}
+	if reply, err := udpAsk(tp.client, "10.96.0.53:53"); err != nil || answeredBy(reply) != "pod2" {
+		t.Errorf("UDP ClusterIP: %q, %v", reply, err)
+	}
+	// Other ports of a Service address are refused, not answered by the node (KUBE-IPVS-FILTER).
+	expectBlocked(t, tp.client, netip.Addr{}, "10.96.0.10:22", true)
+}
+
+func TestKernelNodePortLoadBalancerAndExternalIP(t *testing.T) {
+	tp := newTopology(t, 2)
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, kernelState(
+		svcPort("ns/web", "10.96.1.10", 80, nodePort(30080), lbIPs("192.0.2.10"), externalIPs("192.0.2.20"), endpoints(pod2)),
+	), model.Changes{Full: true})
+	for _, to := range []string{"203.0.113.1:30080", "192.0.2.10:80", "192.0.2.20:80"} {
+		reply := mustFetch(t, tp.client, to)
+		if answeredBy(reply) != "pod2" {
+			t.Errorf("%s answered %q", to, reply)
+		}
+		if sourceSeen(reply) == kClient.String() {
+			t.Errorf("%s: externalTrafficPolicy Cluster kept the client's address", to)
+		}
+	}
+}
+
+func TestKernelExternalTrafficPolicyLocal(t *testing.T) {
+	tp := newTopology(t, 2)
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, kernelState(
+		svcPort("ns/local", "10.96.2.10", 80, nodePort(30081), lbIPs("192.0.2.11"), externalLocal, endpoints(pod1, pod2)),
+		svcPort("ns/nolocal", "10.96.2.11", 80, nodePort(30082), lbIPs("192.0.2.12"), externalLocal, endpoints(pod2)),
+	), model.Changes{Full: true})
+
+	// A local endpoint: only it answers, and it sees the client's own address.
+	for _, to := range []string{"203.0.113.1:30081", "192.0.2.11:80"} {
+		for range 2 {
+			reply := mustFetch(t, tp.client, to)
+			if answeredBy(reply) != "pod1" || sourceSeen(reply) != kClient.String() {
+				t.Errorf("%s answered %q, want pod1 seeing %s", to, reply, kClient)
+			}
+		}
+	}
+	// No local endpoint: outside traffic is dropped (like the iptables and nftables modes);
+	// pods still get the cluster's endpoints (upstream's fallback).
+	for _, to := range []string{"203.0.113.1:30082", "192.0.2.12:80"} {
+		expectBlocked(t, tp.client, netip.Addr{}, to, false)
+		if reply := mustFetch(t, tp.pods[0], to); answeredBy(reply) != "pod2" {
+			t.Errorf("pod to %s answered %q, want pod2", to, reply)
+		}
+	}
+}
+
+func TestKernelSessionAffinity(t *testing.T) {
+	tp := newTopology(t, 2)
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, kernelState(svcPort("ns/sticky", "10.96.3.10", 80, affinity(60), endpoints(pod1, pod2))), model.Changes{Full: true})
+	first := answeredBy(mustFetch(t, tp.client, "10.96.3.10:80"))
+	for range 5 {
+		if got := answeredBy(mustFetch(t, tp.client, "10.96.3.10:80")); got != first {
+			t.Fatalf("affinity broken: %s then %s", first, got)
+		}
+	}
+	vs := ipvsServiceOf(t, vsKey{model.TCP, netip.MustParseAddr("10.96.3.10"), 80})
+	if vs.Flags&flagPersistent == 0 || vs.Timeout != 60 {
+		t.Errorf("virtual server flags %#x timeout %d, want persistent 60", vs.Flags, vs.Timeout)
+	}
+}
+
+func TestKernelSchedulerAnnotation(t *testing.T) {
+	newTopology(t, 1)
+	b := newKernelBackend(t, Settings{Scheduler: "wrr"})
+	kernelApply(t, b, kernelState(
+		svcPort("ns/default", "10.96.4.10", 80, endpoints(pod1)),
+		svcPort("ns/mh", "10.96.4.11", 80, scheduler("mh"), endpoints(pod1)),
+		svcPort("ns/sh", "10.96.4.12", 80, scheduler("sh"), endpoints(pod1)),
+	), model.Changes{Full: true})
+	for ip, want := range map[string]struct {
+		sched string
+		flags uint32
+	}{"10.96.4.10": {"wrr", 0}, "10.96.4.11": {"mh", flagSched2}, "10.96.4.12": {"sh", 0}} {
+		vs := ipvsServiceOf(t, vsKey{model.TCP, netip.MustParseAddr(ip), 80})
+		if vs.SchedName != want.sched || vs.Flags&^flagHashed != want.flags {
+			t.Errorf("%s: scheduler %s flags %#x, want %s %#x", ip, vs.SchedName, vs.Flags&^flagHashed, want.sched, want.flags)
+		}
+	}
+}
+
+func TestKernelLoadBalancerSourceRanges(t *testing.T) {
+	tp := newTopology(t, 1)
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, kernelState(
+		svcPort("ns/fw", "10.96.5.10", 80, lbIPs("192.0.2.30"), sourceRanges(kClient.String()+"/32"), endpoints(pod1)),
+	), model.Changes{Full: true})
+	if _, err := fetch(tp.client, kClient, "192.0.2.30:80"); err != nil {
+		t.Errorf("allowed source: %v", err)
+	}
+	expectBlocked(t, tp.client, kClient2, "192.0.2.30:80", false)
+}
+
+func TestKernelGracefulTermination(t *testing.T) {
+	tp := newTopology(t, 2)
+	b := newKernelBackend(t, Settings{})
+	key := vsKey{model.TCP, netip.MustParseAddr("10.96.6.10"), 80}
+	both := kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(pod1, pod2)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.1.2:5353", "10.244.2.2:5353")))
+	kernelApply(t, b, both, model.Changes{Full: true})
+
+	// An established connection, and which pod it reached.
+	conn, err := dial(tp.client, netip.Addr{}, "10.96.6.10:80", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	reply, err := ask(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, stays := pod1, pod2
+	if answeredBy(reply) == "pod2" {
+		gone, stays = pod2, pod1
+	}
+
+	// That endpoint goes away: its real server stays, at weight 0.
+	kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(stays)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.2.2:5353"))), changed("ns/web", "ns/dns"))
+	if rs := realServerOf(t, key, gone); rs == nil || rs.Weight != 0 {
+		t.Fatalf("removed endpoint's real server = %+v, want it draining at weight 0", rs)
+	}
+	if rs := realServerOf(t, vsKey{model.UDP, netip.MustParseAddr("10.96.6.53"), 53}, "10.244.1.2:5353"); rs != nil {
+		t.Errorf("UDP real server kept after its endpoint went; UDP real servers go at once")
+	}
+	// The old connection keeps working; new ones go to the endpoint that stays.
+	for range 3 {
+		if r, err := ask(conn); err != nil || r != reply {
+			t.Fatalf("established connection after its endpoint went: %q, %v (want %q)", r, err, reply)
+		}
+	}
+	endpointOf := map[string]string{"pod1": pod1, "pod2": pod2}
+	for range 3 {
+		if got := mustFetch(t, tp.client, "10.96.6.10:80"); endpointOf[answeredBy(got)] != stays {
+			t.Fatalf("new connection answered %q, want the remaining endpoint %s", got, stays)
+		}
+	}
+	// The connection ends (reset: IPVS forgets a reset connection after 10 s, one closed
+	// with FIN only after TIME_WAIT's 2 minutes); a sync after that deletes the real server.
+	conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(stays)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.2.2:5353"))), changed())
+		if realServerOf(t, key, gone) == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("drained real server %s still there: %+v", gone, realServerOf(t, key, gone))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func TestKernelFullSyncRepairsDrift(t *testing.T) {
+	tp := newTopology(t, 1)
+	b := newKernelBackend(t, Settings{})
+	state := kernelState(svcPort("ns/web", "10.96.7.10", 80, nodePort(30090), endpoints(pod1)), svcPort("ns/lb", "10.96.7.11", 80, lbIPs("192.0.2.40"), endpoints(pod1)))
+	kernelApply(t, b, state, model.Changes{Full: true})
+
+	h, err := mobyipvs.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.DelService(toMobyService(vsKey{model.TCP, netip.MustParseAddr("10.96.7.10"), 80}, vsParams{})); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "ip", "addr", "del", "192.0.2.40/32", "dev", dummyDevice)
+	run(t, "iptables", "-t", "nat", "-F", chainPostrouting)
+	run(t, "ipset", "del", "KUBE-NODE-PORT-TCP", "30090")
+	expectBlocked(t, tp.client, netip.Addr{}, "10.96.7.10:80", true)
+
+	kernelApply(t, b, state, model.Changes{Full: true})
+	for _, to := range []string{"10.96.7.10:80", "192.0.2.40:80", "203.0.113.1:30090"} {
+		mustFetch(t, tp.client, to)
+	}
+	if out := run(t, "ipset", "list", "KUBE-NODE-PORT-TCP"); !strings.Contains(out, "30090") {
+		t.Errorf("NodePort set not repaired:\n%s", out)
+	}
+	if out := run(t, "iptables", "-t", "nat", "-S", chainPostrouting); !strings.Contains(out, "MASQUERADE") {
+		t.Errorf("KUBE-POSTROUTING not repaired:\n%s", out)
+	}
+}
+
+func TestKernelRestartWithoutGap(t *testing.T) {
+	tp := newTopology(t, 2)
+	// The first process finds leftovers of the iptables and nftables modes, and removes them
+	// while serving.
+	run(t, "nft", "add", "table", "ip", "kube-proxy")
+	run(t, "iptables", "-t", "nat", "-N", "KUBE-SVC-LEFTOVER")
+	run(t, "iptables", "-t", "nat", "-N", "KUBE-SERVICES")
+	run(t, "iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.96.8.10/32", "-j", "KUBE-SVC-LEFTOVER")
+	run(t, "iptables", "-t", "nat", "-I", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+
+	state := kernelState(svcPort("ns/web", "10.96.8.10", 80, endpoints(pod1, pod2)))
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, state, model.Changes{Full: true})
+	if out, _ := exec.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); !strings.Contains(string(out), "No such file") {
+		t.Errorf("nftables mode's table left: %s", out)
+	}
+	if out := run(t, "iptables-save", "-t", "nat"); strings.Contains(out, "KUBE-SVC-LEFTOVER") {
+		t.Errorf("iptables mode's chain left:\n%s", out)
+	}
+
+	// Traffic flows while a second process starts and syncs.
+	conn, err := dial(tp.client, netip.Addr{}, "10.96.8.10:80", 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	var failures, successes atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if _, err := fetch(tp.client, netip.Addr{}, "10.96.8.10:80"); err != nil {
+				failures.Add(1)
+			} else {
+				successes.Add(1)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	b2 := newKernelBackend(t, Settings{})
+	kernelApply(t, b2, state, model.Changes{Full: true})
+	time.Sleep(200 * time.Millisecond)
+	stop()
+	<-done
+	if failures.Load() > 0 || successes.Load() == 0 {
+		t.Errorf("during the restart: %d connections failed, %d succeeded", failures.Load(), successes.Load())
+	}
+	if _, err := ask(conn); err != nil {
+		t.Errorf("a connection established before the restart broke: %v", err)
+	}
+	if ops := b2.LastStats().Operations; ops["add-vs"]+ops["delete-vs"]+ops["add-rs"]+ops["delete-rs"] > 0 {
+		t.Errorf("the restarted backend rebuilt IPVS: %v", ops)
+	}
+}
+
+func TestKernelCleanupRemovesEverything(t *testing.T) {
+	newTopology(t, 1)
+	b := newKernelBackend(t, Settings{})
+	kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.9.10", 80, nodePort(30099), lbIPs("192.0.2.50"), sourceRanges("198.51.100.0/24"), endpoints(pod1))), model.Changes{Full: true})
+	for _, f := range model.Families {
+		if err := Cleanup(context.Background(), f); err != nil {
+			t.Fatalf("Cleanup %s: %v", f, err)
+		}
+	}
+	h, err := mobyipvs.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if svcs, err := h.GetServices(); err != nil || len(svcs) != 0 {
+		t.Errorf("virtual servers left: %d (%v)", len(svcs), err)
+	}
+	if out, err := exec.Command("ip", "link", "show", dummyDevice).CombinedOutput(); err == nil {
+		t.Errorf("%s left: %s", dummyDevice, out)
+	}
+	if out := run(t, "ipset", "list", "-n"); strings.Contains(out, "KUBE-") {
+		t.Errorf("ipsets left:\n%s", out)
+	}
+	for _, table := range []string{"nat", "filter"} {
+		if out := run(t, "iptables-save", "-t", table); strings.Contains(out, "KUBE-") {
+			t.Errorf("%s rules left:\n%s", table, out)
+		}
+	}
+	// A second run finds nothing and does not fail.
+	for _, f := range model.Families {
+		if err := Cleanup(context.Background(), f); err != nil {
+			t.Errorf("second Cleanup %s: %v", f, err)
+		}
+	}
+}
+
+// TestKernelNewFailsWithoutIPVS runs where the kernel has no IPVS (the CI host): New must
+// refuse, naming what is missing, instead of programming nothing.
+func TestKernelNewFailsWithoutIPVS(t *testing.T) {
+	ok, err := KernelSupportsIPVS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		t.Skip("this kernel has IPVS; the test is for kernels without it")
+	}
+	_, err = New(context.Background(), kernelConfig(), Settings{})
+	if !errors.Is(err, ErrNoIPVS) || !strings.Contains(err.Error(), "use mode nftables") {
+		t.Fatalf("New = %v, want the no-IPVS error", err)
+	}
+	t.Logf("New on a kernel without IPVS: %v", err)
+	// Cleanup runs on every host and must not fail here.
+	for _, f := range model.Families {
+		if err := Cleanup(context.Background(), f); err != nil {
+			t.Errorf("Cleanup %s on a kernel without IPVS: %v", f, err)
+		}
+	}
+}
+
+func ipvsServiceOf(t *testing.T, k vsKey) *mobyipvs.Service {
+	t.Helper()
+	h, err := mobyipvs.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	s, err := h.GetService(toMobyService(k, vsParams{}))
+	if err != nil {
+		t.Fatalf("virtual server %s: %v", k, err)
+	}
+	return s
+}
+
+func realServerOf(t *testing.T, k vsKey, rs string) *mobyipvs.Destination {
+	t.Helper()
+	h, err := mobyipvs.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	ds, err := h.GetDestinations(toMobyService(k, vsParams{}))
+	if err != nil {
+		t.Fatalf("real servers of %s: %v", k, err)
+	}
+	want := netip.MustParseAddrPort(rs)
+	for _, d := range ds {
+		a, _ := netip.AddrFromSlice(d.Address)
+		if netip.AddrPortFrom(a.Unmap(), d.Port) == want {
+			return d
+		}
+	}
+	return nil
+}
+
+// TestKernelIPSetsRoundTrip writes an entry of every set the backend uses, in both families,
+// through the netlink seam, and reads them back. It needs only ip_set, so it runs on the CI
+// host as well as in the VM.
+func TestKernelIPSetsRoundTrip(t *testing.T) {
+	sets, err := newNetlinkIPSets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sets.close()
+	v4 := map[ipsetType]setEntry{
+		typeHashIP:        {IP: netip.MustParseAddr("10.96.0.10")},
+		typeHashIPPort:    {IP: netip.MustParseAddr("10.96.0.10"), Proto: 17, Port: 53},
+		typeHashIPPortIP:  {IP: netip.MustParseAddr("10.244.1.2"), Proto: 6, Port: 8080, IP2: netip.MustParseAddr("10.244.1.2")},
+		typeHashIPPortNet: {IP: netip.MustParseAddr("192.0.2.10"), Proto: 132, Port: 80, Net: netip.MustParsePrefix("198.51.100.0/24")},
+		typeBitmapPort:    {Port: 30080},
+	}
+	v6 := map[ipsetType]setEntry{
+		typeHashIP:        {IP: netip.MustParseAddr("fd00::10")},
+		typeHashIPPort:    {IP: netip.MustParseAddr("fd00::10"), Proto: 6, Port: 80},
+		typeHashIPPortIP:  {IP: netip.MustParseAddr("fd00:244::2"), Proto: 6, Port: 8080, IP2: netip.MustParseAddr("fd00:244::2")},
+		typeHashIPPortNet: {IP: netip.MustParseAddr("2001:db8::10"), Proto: 6, Port: 443, Net: netip.MustParsePrefix("2001:db8:1::/48")},
+		typeBitmapPort:    {Port: 32000},
+	}
+	for family, entries := range map[model.IPFamily]map[ipsetType]setEntry{model.IPv4: v4, model.IPv6: v6} {
+		for typ, e := range entries {
+			name := fmt.Sprintf("SLUICE-TEST-%d-%s", family, strings.NewReplacer(":", "-", ",", "-").Replace(string(typ)))
+			if err := sets.Create(name, typ, family); err != nil {
+				if isNotSupported(err) {
+					t.Skipf("no ipset in this kernel: %v", err)
+				}
+				t.Fatalf("create %s: %v", name, err)
+			}
+			if err := sets.Create(name, typ, family); !errors.Is(err, errExist) {
+				t.Errorf("creating %s twice: %v, want errExist", name, err)
+			}
+			if err := sets.Add(name, typ, e); err != nil {
+				t.Fatalf("add %v to %s: %v", e, name, err)
+			}
+			if err := sets.Add(name, typ, e); !errors.Is(err, errExist) {
+				t.Errorf("adding %v twice: %v, want errExist", e, err)
+			}
+			ks, err := sets.List(name)
+			if err != nil {
+				t.Fatalf("list %s: %v", name, err)
+			}
+			if ks.Type != typ || len(ks.Entries) != 1 || !ks.Entries[e] {
+				t.Errorf("%s read back as %s %v, want %s {%v}", name, ks.Type, ks.Entries, typ, e)
+			}
+			if err := sets.Del(name, typ, e); err != nil {
+				t.Errorf("del %v: %v", e, err)
+			}
+			if err := sets.Del(name, typ, e); !errors.Is(err, errNotExist) {
+				t.Errorf("deleting %v twice: %v, want errNotExist", e, err)
+			}
+			if err := sets.Destroy(name); err != nil {
+				t.Errorf("destroy %s: %v", name, err)
+			}
+			if _, err := sets.List(name); !errors.Is(err, errNotExist) {
+				t.Errorf("listing destroyed %s: %v, want errNotExist", name, err)
+			}
+		}
+	}
+}
