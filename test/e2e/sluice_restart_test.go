@@ -42,9 +42,11 @@ func TestSluiceSurvivesAPIServerRestart(t *testing.T) {
 	}
 	p.waitFor(t, "the three Services", 30*time.Second, hasWanted)
 
+	began := time.Now()
 	if err := cp.StopAPIServer(); err != nil {
 		t.Fatalf("stopping kube-apiserver: %v", err)
 	}
+	t.Logf("kube-apiserver stopped in %s", time.Since(began).Round(time.Millisecond))
 	// While it is down, sluice answers with the same Services and stays healthy. client-go
 	// retries refused connections quietly (backing off from 800 ms), so there is no sign
 	// to wait for: look for 3 s, time for several failed reconnections.
@@ -66,25 +68,45 @@ func TestSluiceSurvivesAPIServerRestart(t *testing.T) {
 		time.Sleep(pollInterval)
 	}
 
+	began = time.Now()
 	if err := cp.StartAPIServer(ctx); err != nil {
 		t.Fatalf("starting kube-apiserver again: %v", err)
 	}
+	t.Logf("kube-apiserver ready again in %s", time.Since(began).Round(time.Millisecond))
+	began = time.Now()
 	updateService(t, c, ns, "change", func(s *corev1.Service) { s.Spec.Ports[0].Port = 81 })
 	updateSlice(t, c, ns, "change-1", func(s *discoveryv1.EndpointSlice) {
 		s.Endpoints = []discoveryv1.Endpoint{readyEndpoint("10.244.10.20", nodeName)}
 	})
 	deleteService(t, c, ns, "gone")
 	createService(t, c, clusterIPService(ns, "new"))
-	createSlice(t, c, endpointSlice(ns, "new", "new-1", discoveryv1.AddressTypeIPv4, ports, readyEndpoint("10.244.10.4", nodeName)))
+	newSlice := endpointSlice(ns, "new", "new-1", discoveryv1.AddressTypeIPv4, ports, readyEndpoint("10.244.10.4", nodeName))
+	newSlice.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Format(time.RFC3339Nano)}
+	createSlice(t, c, newSlice)
 
-	p.waitFor(t, "convergence after the restart", 60*time.Second, func(r *app.StatusReport) bool {
+	converged := func(r *app.StatusReport) bool {
 		keep, change, gone, added := v4(ns, "keep", "http").find(r), v4(ns, "change", "http").find(r), v4(ns, "gone", "http").find(r), v4(ns, "new", "http").find(r)
 		f := familyReport(r, model.IPv4)
 		return keep != nil && equalStrings(endpointAddrs(keep.ClusterEndpoints), []string{"10.244.10.1:8080"}) &&
 			change != nil && change.Port == 81 && equalStrings(endpointAddrs(change.ClusterEndpoints), []string{"10.244.10.20:8080"}) &&
 			gone == nil &&
 			added != nil && equalStrings(endpointAddrs(added.ClusterEndpoints), []string{"10.244.10.4:8080"}) &&
-			f.Status.LastError == "" && len(f.Status.Failed) == 0
-	})
+			f.Status.LastError == "" && !f.Status.LastSuccess.IsZero() && len(f.Status.Failed) == 0
+	}
+	p.waitFor(t, "convergence after the restart", 60*time.Second, converged)
+	t.Logf("sluice converged %s after the changes began", time.Since(began).Round(time.Millisecond))
 	waitForHTTP(t, "healthy after the restart", "http://"+p.healthzAddr+"/healthz", 30*time.Second, func(a *httpAnswer) bool { return a.code == http.StatusOK })
+
+	// sluice itself restarts (a DaemonSet rollout): the new process lists what exists and
+	// programs the same state in its first sync. Trigger times of changes made before it
+	// started are not its latency to report.
+	p2 := startSluice(t, cp, nodeName, "")
+	p2.waitFor(t, "the same state from a fresh start", 30*time.Second, converged)
+	m, err := p2.metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := m.value("kubeproxy_network_programming_duration_seconds", "ip_family", "IPv4"); v != 0 {
+		t.Errorf("a fresh sluice observed %v network programming latencies of changes made before it started", v)
+	}
 }

@@ -45,6 +45,30 @@ func TestSluiceServices(t *testing.T) {
 	if !dual {
 		t.Log("sluice proxies IPv4 only on this host: the IPv6 halves of the tests are skipped")
 	}
+	// Node-wide inputs: the cluster's Service ranges and this node, per family.
+	cidrs := map[model.IPFamily]string{model.IPv4: controlplane.DefaultServiceCIDR, model.IPv6: controlplane.DefaultServiceCIDRv6}
+	p.waitFor(t, "the ServiceCIDRs", 30*time.Second, func(r *app.StatusReport) bool {
+		for _, f := range r.Families {
+			family := model.IPv4
+			if f.State.Family == model.IPv6.String() {
+				family = model.IPv6
+			}
+			if !equalStrings(f.State.ServiceCIDRs, []string{cidrs[family]}) {
+				return false
+			}
+		}
+		return true
+	})
+	if f := familyReport(first, model.IPv4); f.State.Node.Name != nodeName || !equalStrings(f.State.Node.IPs, []string{nodeIPv4, nodeIPv6}) {
+		t.Errorf("node in the state: %+v", f.State.Node)
+	}
+	wantFamilies := `families=["IPv4"]`
+	if dual {
+		wantFamilies = `families=["IPv4","IPv6"]`
+	}
+	if !strings.Contains(p.log(), wantFamilies) {
+		t.Errorf("the start-up log does not say %s:\n%s", wantFamilies, lastLines(p.log(), 30))
+	}
 	env := &servicesEnv{admin: admin, p: p, dual: dual}
 
 	// Alone, before the parallel subtests: it counts every change that reaches sluice.
