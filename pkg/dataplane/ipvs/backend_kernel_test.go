@@ -735,3 +735,39 @@ func TestKernelIPSetsRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestKernelIPv6 runs an IPv6 Service through the IPv6 backend: ClusterIP (held by
+// kube-ipvs0) and NodePort, from a client outside the cluster.
+//
+//	client fd00:c::2/64, node fd00:c::1/64; pod fd00:244:1::2/64 behind fd00:244:1::1
+func TestKernelIPv6(t *testing.T) {
+	tp := newTopology(t, 1)
+	n := topoCount.Load()
+	clientLink, podLink := fmt.Sprintf("vc%d", n), fmt.Sprintf("vp%d_1", n)
+	run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	run(t, "ip", "-6", "addr", "add", "fd00:c::1/64", "dev", clientLink, "nodad")
+	run(t, "ip", "-n", tp.client, "-6", "addr", "add", "fd00:c::2/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", tp.client, "-6", "route", "add", "default", "via", "fd00:c::1")
+	run(t, "ip", "-6", "addr", "add", "fd00:244:1::1/64", "dev", podLink, "nodad")
+	run(t, "ip", "-n", tp.pods[0], "-6", "addr", "add", "fd00:244:1::2/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", tp.pods[0], "-6", "route", "add", "default", "via", "fd00:244:1::1")
+
+	cfg := kernelConfig()
+	cfg.Family = model.IPv6
+	cfg.LocalDetector.CIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:244::/48")}
+	b, err := New(context.Background(), cfg, Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := stateOfFamily(model.IPv6, svcPort("ns/web6", "fd00:96::10", 80, nodePort(30600), endpoints("[fd00:244:1::2]:8080")))
+	state.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:c::1")}}
+	kernelApply(t, b, state, model.Changes{Full: true})
+	for _, to := range []string{"[fd00:96::10]:80", "[fd00:c::1]:30600"} {
+		if reply := mustFetch(t, tp.client, to); answeredBy(reply) != "pod1" {
+			t.Errorf("%s answered %q", to, reply)
+		}
+	}
+	if out := run(t, "ipset", "list", "-n"); !strings.Contains(out, "KUBE-6-CLUSTER-IP") {
+		t.Errorf("IPv6 sets missing:\n%s", out)
+	}
+}
