@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -246,6 +247,44 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 				t.Fatalf("%s still answers 30s after the Service was deleted", url)
 			}
 			time.Sleep(pollInterval)
+		}
+	})
+
+	t.Run("a health check port in use is reported", func(t *testing.T) {
+		ns := newNamespace(t, c, "hc-taken")
+		hcPort := freeNodePort(t)
+		taken, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", hcPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer taken.Close()
+		svc := clusterIPService(ns, "lb-local")
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		svc.Spec.HealthCheckNodePort = hcPort
+		createService(t, c, svc)
+		createSlice(t, c, endpointSlice(ns, "lb-local", "lb-local-1", discoveryv1.AddressTypeIPv4,
+			[]discoveryv1.EndpointPort{tcpPort("http", 8080)}, readyEndpoint("10.244.13.1", nodeName)))
+		ev := waitForAPIEvent(t, c, ns, "FailedToStartServiceHealthcheck", 30*time.Second, func(ev *eventsv1.Event) bool {
+			return ev.Reason == events.ReasonFailedToStartServiceHealthcheck && ev.Regarding.Kind == "Service" && ev.Regarding.Name == "lb-local"
+		})
+		if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Note, strconv.Itoa(int(hcPort))) {
+			t.Errorf("Event: %s %q", ev.Type, ev.Note)
+		}
+		// The rest is programmed, and the port is opened once it is free.
+		p.waitForPort(t, "programmed", v4(ns, "lb-local", "http"), func(v *model.ServicePortView) bool {
+			return v != nil && v.HealthCheckNodePort == hcPort && len(v.LocalEndpoints) == 1
+		})
+		taken.Close()
+		// Another sync retries the listener: the endpoint changes.
+		updateSlice(t, c, ns, "lb-local-1", func(s *discoveryv1.EndpointSlice) {
+			s.Endpoints = append(s.Endpoints, readyEndpoint("10.244.13.2", nodeName))
+		})
+		a := waitForHTTP(t, "200 once the port is free", fmt.Sprintf("http://127.0.0.1:%d/", hcPort), 30*time.Second, func(a *httpAnswer) bool {
+			return a.code == http.StatusOK
+		})
+		if got := a.header.Get(health.EndpointWeightHeader); got != "2" {
+			t.Errorf("%s: %q, want 2", health.EndpointWeightHeader, got)
 		}
 	})
 
