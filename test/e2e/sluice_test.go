@@ -78,6 +78,7 @@ func TestSluiceServices(t *testing.T) {
 	t.Run("endpoints merged over several slices", env.testSlicesMerged)
 	t.Run("named target ports", env.testNamedPorts)
 	t.Run("dual-stack Services", env.testDualStack)
+	t.Run("UDP, SCTP and ExternalName Services", env.testProtocolsAndExternalName)
 	t.Run("bad fields are reported and the rest syncs", env.testProblems)
 	t.Run("bad input at scale", env.testScale)
 }
@@ -659,4 +660,66 @@ func (e *servicesEnv) testScale(t *testing.T) {
 	if rss > 1<<30 {
 		t.Errorf("sluice uses %.0f MiB", rss/(1<<20))
 	}
+}
+
+func (e *servicesEnv) testProtocolsAndExternalName(t *testing.T) {
+	t.Parallel()
+	c, p := e.admin, e.p
+	ns := newNamespace(t, c, "protocols")
+	svc := clusterIPService(ns, "dns")
+	svc.Spec.Ports = []corev1.ServicePort{
+		{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+		{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP},
+		{Name: "sig", Port: 2905, Protocol: corev1.ProtocolSCTP},
+	}
+	createService(t, c, svc)
+	createSlice(t, c, endpointSlice(ns, "dns", "dns-1", discoveryv1.AddressTypeIPv4, []discoveryv1.EndpointPort{
+		{Name: ptr.To("dns"), Port: ptr.To[int32](5353), Protocol: ptr.To(corev1.ProtocolUDP)},
+		{Name: ptr.To("dns-tcp"), Port: ptr.To[int32](5353), Protocol: ptr.To(corev1.ProtocolTCP)},
+		{Name: ptr.To("sig"), Port: ptr.To[int32](2905), Protocol: ptr.To(corev1.ProtocolSCTP)},
+	}, readyEndpoint("10.244.14.1", nodeName)))
+	want := map[model.Protocol]struct {
+		name     string
+		port     int32
+		endpoint string
+	}{
+		model.UDP:  {"dns", 53, "10.244.14.1:5353"},
+		model.TCP:  {"dns-tcp", 53, "10.244.14.1:5353"},
+		model.SCTP: {"sig", 2905, "10.244.14.1:2905"},
+	}
+	r := p.waitFor(t, "the three protocols", 30*time.Second, func(r *app.StatusReport) bool {
+		f := familyReport(r, model.IPv4)
+		for proto, w := range want {
+			v := f.State.Find(ns, "dns", w.name, proto)
+			if v == nil || v.Port != w.port || !equalStrings(endpointAddrs(v.ClusterEndpoints), []string{w.endpoint}) {
+				return false
+			}
+		}
+		return true
+	})
+	if probs := problemsOf(r, model.IPv4, ns, "dns"); len(probs) != 0 {
+		t.Errorf("problems: %+v", probs)
+	}
+
+	// A Service that becomes an ExternalName (a DNS alias) is no longer proxied.
+	updateService(t, c, ns, "dns", func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeExternalName
+		s.Spec.ExternalName = "dns.example.com"
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil
+		s.Spec.IPFamilies, s.Spec.IPFamilyPolicy = nil, nil
+		s.Spec.InternalTrafficPolicy = nil
+	})
+	p.waitFor(t, "the ExternalName Service to leave the state", 30*time.Second, func(r *app.StatusReport) bool {
+		for _, f := range r.Families {
+			for _, sp := range f.State.Services {
+				if sp.Namespace == ns {
+					return false
+				}
+			}
+			if len(problemsOf(r, model.IPv4, ns, "dns")) != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
