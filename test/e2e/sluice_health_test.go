@@ -288,6 +288,48 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 		}
 	})
 
+	t.Run("sluice exits when its Node is deleted or its IPs change", func(t *testing.T) {
+		// Like upstream: the node's IPs are baked into the rules, and a deleted Node means
+		// this proxy should not run; the DaemonSet restarts it.
+		for _, tc := range []struct {
+			node, wantLog string
+			change        func(ctx context.Context, name string) error
+		}{
+			{"node-deleted", "was deleted", func(ctx context.Context, name string) error {
+				return c.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
+			}},
+			{"node-moved", "node IPs changed", func(ctx context.Context, name string) error {
+				return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+					n, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+					if err != nil {
+						return err
+					}
+					n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.10.99"}}
+					_, err = c.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+					return err
+				})
+			}},
+		} {
+			createNode(t, c, tc.node, "192.168.10.2")
+			other := startSluice(t, cp, tc.node, "")
+			other.waitFor(t, tc.node+": the first sync", 30*time.Second, func(r *app.StatusReport) bool {
+				f := familyReport(r, model.IPv4)
+				return f != nil && !f.Status.LastSuccess.IsZero()
+			})
+			if err := tc.change(t.Context(), tc.node); err != nil {
+				t.Fatal(err)
+			}
+			if code := other.waitExit(t, 30*time.Second); code != 1 {
+				t.Errorf("%s: exit code %d, want 1", tc.node, code)
+			}
+			if !strings.Contains(other.log(), tc.wantLog) {
+				t.Errorf("%s: the log does not say %q:\n%s", tc.node, tc.wantLog, lastLines(other.log(), 20))
+			}
+		}
+		// The sluice of this test's node is unaffected.
+		p.checkRunning(t)
+	})
+
 	t.Run("healthz fails on a node about to be deleted", func(t *testing.T) {
 		setTaint := func(ctx context.Context, on bool) {
 			t.Helper()

@@ -198,6 +198,20 @@ func (p *sluiceProcess) checkRunning(t *testing.T) {
 	}
 }
 
+// waitExit waits for sluice to exit and returns its exit code, failing the test after
+// timeout.
+func (p *sluiceProcess) waitExit(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		t.Fatalf("sluice still running after %v", timeout)
+		return 0
+	}
+}
+
 // state fetches the daemon's current status report.
 func (p *sluiceProcess) state(ctx context.Context) (*app.StatusReport, error) {
 	a, err := httpGet(ctx, "http://"+p.metricsAddr+app.StatePath)
