@@ -56,7 +56,7 @@ func servingTerminating(ip, node string) ep {
 	return ep{ip: ip, node: node, serving: true, terminating: true}
 }
 func terminatingGone(ip, node string) ep { return ep{ip: ip, node: node, terminating: true} }
-func notReady(ip, node string) ep       { return ep{ip: ip, node: node} }
+func notReady(ip, node string) ep        { return ep{ip: ip, node: node} }
 
 func (e ep) zones(z ...string) ep { e.zoneHints = z; return e }
 func (e ep) nodes(n ...string) ep { e.nodeHints = n; return e }

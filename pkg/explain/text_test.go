@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
-	"os"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 
