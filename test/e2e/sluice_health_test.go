@@ -22,6 +22,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
@@ -182,15 +183,7 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 
 	t.Run("per-Service health check", func(t *testing.T) {
 		ns := newNamespace(t, c, "hc")
-		hcPort := freeNodePort(t)
-		svc := clusterIPService(ns, "lb-local")
-		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
-		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		svc.Spec.HealthCheckNodePort = hcPort
-		created := createService(t, c, svc)
-		if created.Spec.HealthCheckNodePort != hcPort {
-			t.Fatalf("healthCheckNodePort %d, want %d", created.Spec.HealthCheckNodePort, hcPort)
-		}
+		hcPort := createLocalLoadBalancer(t, c, ns, "lb-local", func(int32) {})
 		createSlice(t, c, endpointSlice(ns, "lb-local", "lb-local-1", discoveryv1.AddressTypeIPv4,
 			[]discoveryv1.EndpointPort{tcpPort("http", 8080)},
 			readyEndpoint("10.244.12.1", nodeName), readyEndpoint("10.244.12.2", "node-2"),
@@ -252,17 +245,17 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 
 	t.Run("a health check port in use is reported", func(t *testing.T) {
 		ns := newNamespace(t, c, "hc-taken")
-		hcPort := freeNodePort(t)
-		taken, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", hcPort))
-		if err != nil {
-			t.Fatal(err)
-		}
+		var taken net.Listener
+		hcPort := createLocalLoadBalancer(t, c, ns, "lb-local", func(port int32) {
+			if taken != nil { // a port the apiserver had allocated: try another
+				taken.Close()
+			}
+			var err error
+			if taken, err = net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+				t.Fatal(err)
+			}
+		})
 		defer taken.Close()
-		svc := clusterIPService(ns, "lb-local")
-		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
-		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		svc.Spec.HealthCheckNodePort = hcPort
-		createService(t, c, svc)
 		createSlice(t, c, endpointSlice(ns, "lb-local", "lb-local-1", discoveryv1.AddressTypeIPv4,
 			[]discoveryv1.EndpointPort{tcpPort("http", 8080)}, readyEndpoint("10.244.13.1", nodeName)))
 		ev := waitForAPIEvent(t, c, ns, "FailedToStartServiceHealthcheck", 30*time.Second, func(ev *eventsv1.Event) bool {
@@ -367,4 +360,33 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 		setTaint(t.Context(), false)
 		waitForHTTP(t, "200 once the taint is gone", healthURL+"/healthz", 30*time.Second, func(a *httpAnswer) bool { return a.code == http.StatusOK })
 	})
+}
+
+// createLocalLoadBalancer creates a LoadBalancer Service with externalTrafficPolicy Local
+// and a healthCheckNodePort free on 127.0.0.1, and returns that port. before runs with the
+// port just before the Service is created. A port the apiserver has allocated already
+// (another Service's NodePort) is replaced by another.
+func createLocalLoadBalancer(t *testing.T, c kubernetes.Interface, ns, name string, before func(port int32)) int32 {
+	t.Helper()
+	for range 5 {
+		port := freeNodePort(t)
+		svc := clusterIPService(ns, name)
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		svc.Spec.HealthCheckNodePort = port
+		before(port)
+		created, err := c.CoreV1().Services(ns).Create(t.Context(), svc, metav1.CreateOptions{})
+		if err != nil && strings.Contains(err.Error(), "already allocated") {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("creating service %s/%s: %v", ns, name, err)
+		}
+		if created.Spec.HealthCheckNodePort != port {
+			t.Fatalf("healthCheckNodePort %d, want %d", created.Spec.HealthCheckNodePort, port)
+		}
+		return port
+	}
+	t.Fatal("no free healthCheckNodePort in 5 tries")
+	return 0
 }
