@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -30,13 +31,13 @@ type batchLimits struct {
 // size holds the nf_tables mutex for a few milliseconds only.
 var defaultBatchLimits = batchLimits{bytes: 1 << 20, messages: 8192}
 
-// applyResult tells what happened to each group of a plan.
+// applyResult tells what happened to a plan's groups (each group's applied field says
+// whether the kernel took it).
 type applyResult struct {
-	applied []bool
 	// failed holds the kernel's reason for each Service group it rejected.
 	failed map[types.NamespacedName]error
 	// err is a failure that is not a Service's: the fixed part was rejected, or the
-	// outcome of a batch is unknown.
+	// outcome of a batch is unknown. Groups after it were not sent.
 	err error
 	// cleanupFailed tells that err is the rejection of the leftovers' cleanup.
 	cleanupFailed bool
@@ -70,37 +71,89 @@ const (
 	faultLoop
 )
 
+// batcher receives a plan's groups in order, and sends them as batches fill. The kernel
+// took a group: its effects are committed to the model at once (the planner reads its
+// own view first, so it does not mind), and its ops dropped unless keepOps.
+type batcher struct {
+	a       *applier
+	replace bool
+	keepOps bool
+	// state is the model groups are committed to (nil: none, tests); now stamps them.
+	state   *tableState
+	now     time.Time
+	pending []*group
+	size    int
+	msgs    int
+	res     applyResult
+}
+
+func newBatcher(a *applier, keepOps bool) *batcher {
+	return &batcher{a: a, keepOps: keepOps, res: applyResult{failed: map[types.NamespacedName]error{}}}
+}
+
+func (b *batcher) begin(replace bool, state *tableState) {
+	b.replace = replace
+	if b.state != nil || replace {
+		b.state = state
+	}
+}
+
+// add takes the next group of the plan.
+func (b *batcher) add(g *group) {
+	if b.res.err != nil {
+		return // the sync failed as a whole: nothing after it is sent
+	}
+	gs, gm := groupSize(g)
+	if !b.replace && len(b.pending) > 0 && (b.size+gs > b.a.limits.bytes || b.msgs+gm > b.a.limits.messages) {
+		b.flush()
+		if b.res.err != nil {
+			return
+		}
+	}
+	b.pending = append(b.pending, g)
+	b.size += gs
+	b.msgs += gm
+}
+
+// flush sends the pending groups.
+func (b *batcher) flush() {
+	var withOps []*group
+	for _, g := range b.pending {
+		if len(g.ops) > 0 {
+			withOps = append(withOps, g)
+		} else {
+			g.applied = true // effects only
+		}
+	}
+	b.a.sendIsolating(withOps, b.replace, &b.res)
+	for _, g := range b.pending {
+		if g.applied && b.state != nil {
+			b.state.commit(g, b.now)
+		}
+		if !b.keepOps {
+			g.ops = nil
+			g.fx = nil
+		}
+	}
+	b.pending, b.size, b.msgs = b.pending[:0], 0, 0
+}
+
+// finish sends what is left and returns the outcome.
+func (b *batcher) finish() *applyResult {
+	if b.res.err == nil && len(b.pending) > 0 {
+		b.flush()
+	}
+	return &b.res
+}
+
+// apply sends a collected plan (tests); it commits nothing.
 func (a *applier) apply(p *Plan) *applyResult {
-	res := &applyResult{applied: make([]bool, len(p.groups)), failed: map[types.NamespacedName]error{}}
-	idx := make([]int, 0, len(p.groups))
-	for i := range p.groups {
-		if len(p.groups[i].ops) == 0 {
-			res.applied[i] = true // effects only
-			continue
-		}
-		idx = append(idx, i)
+	bt := newBatcher(a, true)
+	bt.begin(p.replace, nil)
+	for _, g := range p.groups {
+		bt.add(g)
 	}
-	if p.replace {
-		// One transaction, whatever its size: the old table must not be gone before the
-		// new one is complete.
-		a.sendIsolating(p, idx, res)
-		return res
-	}
-	for start := 0; start < len(idx) && res.err == nil; {
-		end, size, msgs := start, 0, 0
-		for end < len(idx) {
-			gs, gm := groupSize(&p.groups[idx[end]])
-			if end > start && (size+gs > a.limits.bytes || msgs+gm > a.limits.messages) {
-				break
-			}
-			size += gs
-			msgs += gm
-			end++
-		}
-		a.sendIsolating(p, idx[start:end], res)
-		start = end
-	}
-	return res
+	return bt.finish()
 }
 
 // groupSize estimates the bytes and messages of a group (rule sizes are known; the rest
@@ -136,14 +189,14 @@ func groupSize(g *group) (int, int) {
 	return size, msgs
 }
 
-// sendIsolating sends the groups idx as one batch, leaving out groups the kernel
-// rejects, and splitting the batch when a rejection cannot be attributed.
-func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
-	for len(idx) > 0 && res.err == nil {
+// sendIsolating sends groups as one batch, leaving out the groups the kernel rejects,
+// and splitting the batch when a rejection cannot be attributed. It marks the groups
+// the kernel took as applied.
+func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult) {
+	for len(groups) > 0 && res.err == nil {
 		enc := newEncoder(a.f)
 		var where []opRef
-		for _, gi := range idx {
-			g := &p.groups[gi]
+		for gi, g := range groups {
 			for oi := range g.ops {
 				before := enc.count
 				enc.encodeOp(&g.ops[oi], gi)
@@ -168,8 +221,8 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 		}
 		if len(errs) == 0 {
 			res.batches++
-			for _, gi := range idx {
-				res.applied[gi] = true
+			for _, g := range groups {
+				g.applied = true
 			}
 			return
 		}
@@ -187,7 +240,7 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 			}
 		}
 		for gi, e := range bad {
-			if g := &p.groups[gi]; !g.isService() {
+			if g := groups[gi]; !g.isService() {
 				if g.cleanup {
 					res.cleanupFailed = true
 					res.err = fmt.Errorf("removing leftovers rejected: %w", e)
@@ -198,8 +251,8 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 			}
 		}
 		if len(bad) == 0 && unattributed {
-			if len(idx) == 1 {
-				g := &p.groups[idx[0]]
+			if len(groups) == 1 {
+				g := groups[0]
 				e := fmt.Errorf("transaction rejected: %w", errs[0])
 				if !g.isService() {
 					res.err = e
@@ -208,25 +261,25 @@ func (a *applier) sendIsolating(p *Plan, idx []int, res *applyResult) {
 				res.failed[g.service] = e
 				return
 			}
-			mid := len(idx) / 2
-			if p.replace {
+			if replace {
 				// Halves of a replacement are not valid transactions; give up.
 				res.err = fmt.Errorf("table replacement rejected: %w", errs[0])
 				return
 			}
-			a.sendIsolating(p, idx[:mid], res)
-			a.sendIsolating(p, idx[mid:], res)
+			mid := len(groups) / 2
+			a.sendIsolating(groups[:mid], false, res)
+			a.sendIsolating(groups[mid:], false, res)
 			return
 		}
-		kept := idx[:0:0]
-		for _, gi := range idx {
+		kept := make([]*group, 0, len(groups))
+		for gi, g := range groups {
 			if e, isBad := bad[gi]; isBad {
-				res.failed[p.groups[gi].service] = e
+				res.failed[g.service] = e
 				continue
 			}
-			kept = append(kept, gi)
+			kept = append(kept, g)
 		}
-		idx = kept
+		groups = kept
 	}
 }
 

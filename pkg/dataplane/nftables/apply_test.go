@@ -74,12 +74,12 @@ func TestApplierLeavesOutRejectedServices(t *testing.T) {
 		applied := 0
 		for i, g := range p.groups {
 			if g.service == badSvc {
-				if res.applied[i] {
+				if g.applied {
 					t.Errorf("the rejected group was applied")
 				}
 				continue
 			}
-			if !res.applied[i] {
+			if !g.applied {
 				t.Errorf("group %d (%v) not applied", i, g.service)
 			}
 			applied++

@@ -37,8 +37,11 @@ type Backend struct {
 	now             func() time.Time
 	skipValidation  bool
 
-	lastPlan *Plan
-	stats    ApplyStats
+	// recordPlan keeps the last plan whole, for tests and debugging (it costs the
+	// memory streaming saves).
+	recordPlan bool
+	lastPlan   *Plan
+	stats      ApplyStats
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -53,6 +56,7 @@ type options struct {
 	now            func() time.Time
 	skipValidation bool
 	fault          func(types.NamespacedName) faultKind
+	recordPlan     bool
 }
 
 // WithoutLeftoverCleanup skips removing the iptables and ipvs modes' leftovers at start
@@ -75,6 +79,9 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 
 // withoutValidation lets a bad Service reach the kernel (tests of failure isolation).
 func withoutValidation() Option { return func(o *options) { o.skipValidation = true } }
+
+// withPlanRecording keeps each Apply's plan (tests).
+func withPlanRecording() Option { return func(o *options) { o.recordPlan = true } }
 
 // withFault injects a bad message into the groups of the Services fault picks (tests of
 // failure isolation).
@@ -122,6 +129,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		localAddrs:      o.localAddrs,
 		now:             o.now,
 		skipValidation:  o.skipValidation,
+		recordPlan:      o.recordPlan,
 	}
 	if !o.skipLeftovers {
 		lctx := klog.NewContext(ctx, logger)
@@ -218,35 +226,54 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	}
 	in.state = base
 
+	// Plan and apply together: each group goes to the batcher as soon as it is planned,
+	// and a batch is sent as soon as it fills, so that the whole plan of a large table
+	// never sits in memory. Planning time is what is left of the total once the time
+	// spent sending is taken out.
+	bt := newBatcher(b.app, b.recordPlan)
+	bt.state, bt.now = base, start
+	var recorded []*group
+	var sendTime time.Duration
+	ops := 0
 	planStart := b.now()
-	p := plan(in)
-	b.stats.PlanTime = b.now().Sub(planStart)
+	p := streamPlan(in, bt.begin, func(g *group) {
+		ops += g.len()
+		b.stats.Groups++
+		if b.recordPlan {
+			recorded = append(recorded, g)
+		}
+		sendStart := b.now()
+		bt.add(g)
+		sendTime += b.now().Sub(sendStart)
+	})
+	sendStart := b.now()
+	res := bt.finish()
+	sendTime += b.now().Sub(sendStart)
+	b.stats.PlanTime = b.now().Sub(planStart) - sendTime
+	b.stats.ApplyTime = sendTime
 	b.stats.Replaced = p.replace
-	b.stats.Operations = p.Len()
-	b.stats.Groups = len(p.groups)
-	b.lastPlan = p
-	if klogV := b.logger.V(9); klogV.Enabled() {
+	b.stats.Operations = ops
+	if b.recordPlan {
+		p.groups = recorded
+		b.lastPlan = p
+	}
+	if klogV := b.logger.V(9); klogV.Enabled() && b.recordPlan {
 		klogV.Info("Planned nftables changes", "plan", p.String())
 	}
-
-	applyStart := b.now()
-	res := b.app.apply(p)
-	b.stats.ApplyTime = b.now().Sub(applyStart)
 	b.stats.Batches = res.batches
 	b.stats.Messages = b.c.stats.Messages - before.Messages
 	b.stats.Bytes = b.c.stats.BytesSent - before.BytesSent
 	b.stats.Dumps = b.c.stats.Dumps - before.Dumps
 
-	// The model becomes what the kernel now holds: the base plus the groups it took.
-	if p.replace {
-		base = newTableState()
-	}
-	for i := range p.groups {
-		if res.applied[i] {
-			base.commit(&p.groups[i], start)
+	// The model is what the kernel now holds: the base, to which the batcher committed
+	// every group the kernel took. The endpoint map elements a full read brought in are
+	// dropped: between full resyncs the Services' records stand for them.
+	b.state = p.base
+	for name, s := range b.state.sets {
+		if isEndpointMap(name) {
+			s.elems = nil
 		}
 	}
-	b.state = base
 
 	out := dataplane.Result{Full: full}
 	if len(p.invalid)+len(res.failed) > 0 {

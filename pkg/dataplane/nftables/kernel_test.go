@@ -32,7 +32,7 @@ func resetTable(t testing.TB) {
 
 func newTestBackend(t testing.TB, cfg dataplane.Config, opts ...Option) *Backend {
 	t.Helper()
-	opts = append([]Option{WithoutLeftoverCleanup()}, opts...)
+	opts = append([]Option{WithoutLeftoverCleanup(), withPlanRecording()}, opts...)
 	b, err := New(context.Background(), cfg, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)

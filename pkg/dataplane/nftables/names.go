@@ -77,6 +77,18 @@ func endpointMapOf(chain string) string {
 
 func endpointMapName(i int) string { return fmt.Sprintf("%s%02x", endpointMapPrefix, i) }
 
+// endpointMapIndex returns i for endpointMapName(i), -1 for other names.
+func endpointMapIndex(set string) int {
+	if !isEndpointMap(set) {
+		return -1
+	}
+	i, err := strconv.ParseUint(strings.TrimPrefix(set, endpointMapPrefix), 16, 8)
+	if err != nil {
+		return -1
+	}
+	return int(i)
+}
+
 func isEndpointMap(set string) bool {
 	return strings.HasPrefix(set, endpointMapPrefix) && !isServiceObjectName(set)
 }

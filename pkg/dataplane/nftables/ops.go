@@ -58,11 +58,26 @@ type group struct {
 	// cleanup marks the group that removes leftovers and stale chains (its failure is a
 	// cleanup failure).
 	cleanup bool
+	// applied is set by the applier when the kernel took the group.
+	applied bool
 	ops     []op
 	fx      *groupEffects
 }
 
 func (g *group) isService() bool { return g.service.Name != "" }
+
+// len counts the group's operations (an element counts as one).
+func (g *group) len() int {
+	n := 0
+	for i := range g.ops {
+		if o := &g.ops[i]; o.kind == opAddElements || o.kind == opDeleteElements {
+			n += len(o.elems)
+		} else {
+			n++
+		}
+	}
+	return n
+}
 
 // Plan is the ordered list of changes that makes the kernel match the desired state.
 type Plan struct {
@@ -70,35 +85,32 @@ type Plan struct {
 	// replace means the table is rebuilt from scratch in one transaction (delete and
 	// recreate): its layout cannot be converged in place. Such a plan is never chunked.
 	replace bool
-	groups  []group
+	groups  []*group // only when collected (plan); streamPlan hands them out
 	// invalid lists Services that failed validation; they are not in the plan.
 	invalid map[types.NamespacedName]error
 	// full tells whether the plan covered every Service.
 	full bool
 	// staleChains is the deferred-deletion list after this plan.
 	staleChains map[string]time.Time
+	// base is the model the plan started from (a fresh one for a replacement): the
+	// model after the plan, once the groups the kernel took are committed to it.
+	base *tableState
 }
 
 // Len returns the number of operations in the plan (an element counts as one operation,
 // as an nft command line would).
 func (p *Plan) Len() int {
 	n := 0
-	for i := range p.groups {
-		for _, o := range p.groups[i].ops {
-			if o.kind == opAddElements || o.kind == opDeleteElements {
-				n += len(o.elems)
-			} else {
-				n++
-			}
-		}
+	for _, g := range p.groups {
+		n += g.len()
 	}
 	return n
 }
 
 // Empty reports whether the plan changes nothing.
 func (p *Plan) Empty() bool {
-	for i := range p.groups {
-		if len(p.groups[i].ops) > 0 {
+	for _, g := range p.groups {
+		if len(g.ops) > 0 {
 			return false
 		}
 	}
@@ -109,8 +121,7 @@ func (p *Plan) Empty() bool {
 // before each Service's group: the golden form reviewed in tests.
 func (p *Plan) String() string {
 	var b strings.Builder
-	for i := range p.groups {
-		g := &p.groups[i]
+	for _, g := range p.groups {
 		if len(g.ops) == 0 {
 			continue
 		}

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -52,23 +53,40 @@ type planInput struct {
 }
 
 // plan computes the changes that make the kernel match in.desired.
+// The plan of a large table is big (every rule compiled, every element), so the
+// backend does not hold it whole: streamPlan hands each group to a sink as soon as it is
+// planned, and the applier sends and drops it batch by batch. plan collects the groups
+// instead, for tests and `sluice render`.
 func plan(in *planInput) *Plan {
-	p := newPlanner(in, in.state)
-	if in.full {
-		if p.incompatible() {
-			// The table cannot be converged in place (a set or map of ours exists with
-			// another type, a chain we need as a base chain is a regular one, ...):
-			// rebuild it in one transaction, so that there is no moment without rules.
-			p = newPlanner(in, newTableState())
-			p.plan()
-			out := p.result()
-			out.replace = true
-			out.groups = append([]group{{ops: []op{{kind: opDeleteTable, name: kubeProxyTable}}}}, out.groups...)
-			return out
-		}
+	var groups []*group
+	out := streamPlan(in, func(bool, *tableState) {}, func(g *group) { groups = append(groups, g) })
+	out.groups = groups
+	return out
+}
+
+// streamPlan plans, calls begin once (telling whether the table is replaced), then sink
+// for each group in order. The returned Plan has no groups.
+func streamPlan(in *planInput, begin func(replace bool, base *tableState), sink func(*group)) *Plan {
+	p := newPlanner(in, in.state, sink)
+	if in.full && p.incompatible() {
+		// The table cannot be converged in place (a set or map of ours exists with
+		// another type, a chain we need as a base chain is a regular one, ...):
+		// rebuild it in one transaction, so that there is no moment without rules.
+		fresh := newTableState()
+		begin(true, fresh)
+		sink(&group{ops: []op{{kind: opDeleteTable, name: kubeProxyTable}}})
+		p = newPlanner(in, fresh, sink)
+		p.plan()
+		out := p.result()
+		out.replace = true
+		out.base = fresh
+		return out
 	}
+	begin(false, in.state)
 	p.plan()
-	return p.result()
+	out := p.result()
+	out.base = in.state
+	return out
 }
 
 // planner plans against a view: the starting state plus what earlier groups of the
@@ -96,24 +114,25 @@ type planner struct {
 	desiredChains sets.Set[string]
 	desiredSets   sets.Set[string]
 
-	groups  []group
+	sink    func(*group)
 	cur     *group
 	invalid map[types.NamespacedName]error
 	fp      fingerprinter
 
-	// objs holds the objects of every valid Service during a full plan (built by
-	// preclaim, dropped once planned).
-	objs map[types.NamespacedName]*serviceObjects
-
 	scratch svcScratch
 
 	// Slot blocks: the view over base.slots.
-	blocks    map[string]*slotBlock // nil value: freed
-	freeTaken map[uint32]int        // free blocks of each size taken from base
-	next      uint32
+	blocks map[string]*slotBlock // nil value: freed
+	// free is a copy of base.slots.free (the applier may commit groups to the base
+	// while the plan goes on); blocks taken from it are gone from the copy.
+	free map[uint32][]uint32
+	next uint32
 	// pendingFx holds the effects of slot allocations made by preclaim, until the
 	// Service's group exists.
 	pendingFx map[types.NamespacedName]*groupEffects
+	// wantedSlots[slot] is 1 + the index of the endpoint map whose slot is wanted
+	// (full plans).
+	wantedSlots []uint8
 }
 
 // svcScratch is reused from one Service to the next: a full plan of 10 000 Services
@@ -139,9 +158,9 @@ func (s *svcScratch) reset() {
 	clear(s.slotChains)
 }
 
-func newPlanner(in *planInput, base *tableState) *planner {
+func newPlanner(in *planInput, base *tableState, sink func(*group)) *planner {
 	p := &planner{
-		in: in, f: in.cfg.f, base: base,
+		in: in, f: in.cfg.f, base: base, sink: sink,
 		chains:        map[string]*chainState{},
 		sets:          map[string]*setDef{},
 		elems:         map[elemRef]elemValue{},
@@ -157,14 +176,17 @@ func newPlanner(in *planInput, base *tableState) *planner {
 		p.stale[k] = v
 	}
 	p.blocks = map[string]*slotBlock{}
-	p.freeTaken = map[uint32]int{}
+	p.free = make(map[uint32][]uint32, len(base.slots.free))
+	for size, bases := range base.slots.free {
+		p.free[size] = slices.Clone(bases)
+	}
 	p.next = base.slots.next
 	p.pendingFx = map[types.NamespacedName]*groupEffects{}
 	return p
 }
 
 func (p *planner) result() *Plan {
-	return &Plan{fam: p.f, groups: p.groups, invalid: p.invalid, full: p.in.full, staleChains: p.stale}
+	return &Plan{fam: p.f, invalid: p.invalid, full: p.in.full, staleChains: p.stale}
 }
 
 // View accessors.
@@ -287,14 +309,13 @@ func (p *planner) unmarkStale(name string) {
 }
 
 func (p *planner) startGroup(svc types.NamespacedName) {
-	p.groups = append(p.groups, group{service: svc})
-	p.cur = &p.groups[len(p.groups)-1]
+	p.cur = &group{service: svc}
 }
 
-// endGroup drops a group that turned out empty.
+// endGroup hands the group to the sink, unless it turned out empty.
 func (p *planner) endGroup() {
-	if len(p.cur.ops) == 0 && p.cur.fx == nil {
-		p.groups = p.groups[:len(p.groups)-1]
+	if len(p.cur.ops) > 0 || p.cur.fx != nil {
+		p.sink(p.cur)
 	}
 	p.cur = nil
 }
@@ -572,9 +593,9 @@ func (p *planner) blockFor(chain string, n int) uint32 {
 	p.freeBlock(chain)
 	size := blockSize(n)
 	var b slotBlock
-	if free := p.base.slots.free[size]; p.freeTaken[size] < len(free) {
-		b = slotBlock{base: free[len(free)-1-p.freeTaken[size]], size: size}
-		p.freeTaken[size]++
+	if free := p.free[size]; len(free) > 0 {
+		b = slotBlock{base: free[len(free)-1], size: size}
+		p.free[size] = free[:len(free)-1]
 		p.fx().takeFree = append(p.fx().takeFree, b)
 	} else {
 		b = slotBlock{base: p.next, size: size}
@@ -596,15 +617,104 @@ func (p *planner) freeBlock(chain string) {
 	p.fx().blocks = append(p.fx().blocks, blockFx{chain: chain, freed: *cur})
 }
 
-// assignSlots gives each chain of objs that uses an endpoint map its slots, and adds
-// the slot elements to objs.
+// assignSlots gives each chain of objs that uses an endpoint map its slots.
 func (p *planner) assignSlots(objs *serviceObjects) {
 	for i := range objs.slots {
 		u := &objs.slots[i]
-		base := p.blockFor(u.chain, len(u.values))
-		u.term.base = base
+		u.term.base = p.blockFor(u.chain, len(u.values))
+	}
+}
+
+// wantSlots marks slots base..base+n-1 of set as wanted (full plans: the other elements
+// of the endpoint maps are leftovers).
+func (p *planner) wantSlots(set string, base uint32, n int) {
+	m := uint8(endpointMapIndex(set) + 1)
+	end := int(base) + n
+	if end > len(p.wantedSlots) {
+		p.wantedSlots = append(p.wantedSlots, make([]uint8, end-len(p.wantedSlots))...)
+	}
+	for s := int(base); s < end; s++ {
+		p.wantedSlots[s] = m
+	}
+}
+
+func (p *planner) slotWanted(set string, key string) bool {
+	if len(key) != 4 {
+		return false
+	}
+	s := int(binary.NativeEndian.Uint32([]byte(key)))
+	return s < len(p.wantedSlots) && p.wantedSlots[s] == uint8(endpointMapIndex(set)+1)
+}
+
+// planSlots writes the endpoint map elements of a Service's chains: the new values of
+// each chain's slots, and the deletion of slots it no longer uses. The kernel holds, as
+// far as we know, what the read found (a full plan) or what the old record says (a
+// partial one).
+func (p *planner) planSlots(objs *serviceObjects, old *serviceRecord, rec *serviceRecord, sc *svcScratch) {
+	oldSlots := func(chain string) *slotRecord {
+		if old == nil {
+			return nil
+		}
+		for i := range old.slots {
+			if old.slots[i].chain == chain {
+				return &old.slots[i]
+			}
+		}
+		return nil
+	}
+	for i := range objs.slots {
+		u := &objs.slots[i]
+		set, base := u.term.set, u.term.base
+		rec.slots = append(rec.slots, slotRecord{chain: u.chain, set: set, base: base, values: u.values})
+		if p.in.full {
+			p.wantSlots(set, base, len(u.values))
+		}
+		o := oldSlots(u.chain)
+		sameBlock := o != nil && o.set == set && o.base == base
+		var kernel map[string]string
+		if s := p.base.sets[set]; p.in.full && s != nil {
+			kernel = s.elems
+		}
 		for j, v := range u.values {
-			objs.elems = append(objs.elems, elemDef{set: u.term.set, key: slotKey(base + uint32(j)), value: v})
+			key := slotKey(base + uint32(j))
+			var cur string
+			var present bool
+			switch {
+			case p.in.full:
+				cur, present = kernel[key]
+			case sameBlock && j < len(o.values):
+				cur, present = o.values[j], true
+			}
+			if present && cur == v {
+				continue
+			}
+			if present {
+				sc.delElems = append(sc.delElems, elemDef{set: set, key: key})
+			}
+			sc.addElems = append(sc.addElems, elemDef{set: set, key: key, value: v})
+		}
+		if p.in.full || o == nil {
+			continue
+		}
+		from := 0
+		if sameBlock {
+			from = len(u.values)
+		}
+		for j := from; j < len(o.values); j++ {
+			sc.delElems = append(sc.delElems, elemDef{set: o.set, key: slotKey(o.base + uint32(j))})
+		}
+	}
+	if p.in.full || old == nil {
+		return
+	}
+	// Chains that used slots and no longer do (gone, or down to one endpoint).
+	for i := range old.slots {
+		o := &old.slots[i]
+		if sc.slotChains.Has(o.chain) {
+			continue
+		}
+		for j := range o.values {
+			sc.delElems = append(sc.delElems, elemDef{set: o.set, key: slotKey(o.base + uint32(j))})
 		}
 	}
 }
@@ -631,7 +741,10 @@ func (p *planner) build(svc types.NamespacedName) (*serviceObjects, error) {
 // it: in name order, except that whoever's value the kernel holds keeps it, so that a
 // full plan agrees with the partial plans before it.
 func (p *planner) preclaim(names []types.NamespacedName) {
-	p.objs = make(map[types.NamespacedName]*serviceObjects, len(names))
+	// The objects are built here for their elements, then dropped, and built again when
+	// the Service is planned: holding 10 000 Services' objects costs more than
+	// building them twice.
+	elems := make(map[types.NamespacedName][]elemDef, len(names))
 	total := 0
 	for _, svc := range names {
 		objs, err := p.build(svc)
@@ -642,7 +755,6 @@ func (p *planner) preclaim(names []types.NamespacedName) {
 			}
 			continue
 		}
-		p.objs[svc] = objs
 		if len(objs.slots) > 0 {
 			// No group exists yet; the allocation's effects wait for the Service's.
 			p.cur = &group{service: svc}
@@ -653,6 +765,7 @@ func (p *planner) preclaim(names []types.NamespacedName) {
 			p.cur = nil
 		}
 		total += len(objs.elems)
+		elems[svc] = objs.elems
 	}
 	// Most elements have one claimant: their claim lists are carved out of one array.
 	p.claims = make(map[elemRef][]claim, total)
@@ -675,8 +788,8 @@ func (p *planner) preclaim(names []types.NamespacedName) {
 		p.claims[ref] = cl
 	}
 	for _, svc := range names {
-		if objs := p.objs[svc]; objs != nil {
-			for _, e := range objs.elems {
+		if el, ok := elems[svc]; ok {
+			for _, e := range el {
 				add(elemRef{e.set, e.key}, claim{svc: svc, value: e.value, comment: e.comment})
 			}
 		} else if rec := p.in.prevRecords[svc]; rec != nil {
@@ -702,12 +815,18 @@ func (p *planner) planService(svc types.NamespacedName) {
 	var objs *serviceObjects
 	var err error
 	if p.in.full {
-		objs = p.objs[svc]
-		delete(p.objs, svc)
 		err = p.invalid[svc]
-		if fx := p.pendingFx[svc]; fx != nil {
-			p.cur.fx = fx
-			delete(p.pendingFx, svc)
+		if err == nil {
+			// Built again (see preclaim); the slots it gets are the ones preclaim
+			// allocated, whose effects wait in pendingFx.
+			objs, err = p.build(svc)
+			if err == nil {
+				if fx := p.pendingFx[svc]; fx != nil {
+					p.cur.fx = fx
+					delete(p.pendingFx, svc)
+				}
+				p.assignSlots(objs)
+			}
 		}
 	} else {
 		objs, err = p.build(svc)
@@ -811,6 +930,7 @@ func (p *planner) planService(svc types.NamespacedName) {
 		sc.newElems[ref] = e
 		rec.elems = append(rec.elems, e)
 	}
+	p.planSlots(objs, old, rec, sc)
 	touched := sc.touched
 	if p.in.full {
 		// Ownership was decided by preclaim; this group writes the elements it owns.
@@ -929,6 +1049,11 @@ func (p *planner) holds(ref elemRef, v string) bool {
 // keepRecord carries a record over unchanged (a Service that failed validation).
 func (p *planner) keepRecord(svc types.NamespacedName, r *serviceRecord) {
 	p.putRecord(svc, r)
+	for _, sl := range r.slots {
+		if p.in.full {
+			p.wantSlots(sl.set, sl.base, len(sl.values))
+		}
+	}
 	for _, name := range r.chains {
 		p.desiredChains.Insert(name)
 	}
@@ -996,9 +1121,14 @@ func (p *planner) planLeftovers() {
 			continue
 		}
 		var del []elemDef
+		slotMap := isEndpointMap(set)
 		for _, k := range sortedKeys(s.elems) {
 			ref := elemRef{set, k}
-			if len(p.claimsOf(ref)) > 0 {
+			if slotMap {
+				if p.slotWanted(set, k) {
+					continue
+				}
+			} else if len(p.claimsOf(ref)) > 0 {
 				continue
 			}
 			if _, present := p.elem(ref); !present {
@@ -1143,7 +1273,7 @@ func (s *tableState) commit(g *group, now time.Time) {
 			continue
 		}
 		st := &setState{def: *e.d}
-		if e.d.flags&unix.NFT_SET_EVAL == 0 {
+		if e.d.flags&unix.NFT_SET_EVAL == 0 && !isEndpointMap(e.name) {
 			st.elems = map[string]string{}
 		}
 		s.sets[e.name] = st

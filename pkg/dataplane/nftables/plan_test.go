@@ -36,6 +36,24 @@ func newFakeKernel(cfg dataplane.Config) *fakeKernel {
 
 func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 	k.cfg.serviceCIDRs = ns.ServiceCIDRs
+	if ch.Full {
+		// A full plan starts from a read of the kernel, which has the endpoint map
+		// elements the model keeps only in the records.
+		for name, s := range k.state.sets {
+			if isEndpointMap(name) {
+				s.elems = map[string]string{}
+			}
+		}
+		for _, r := range k.state.services {
+			for _, sl := range r.slots {
+				if s := k.state.sets[sl.set]; s != nil {
+					for i, v := range sl.values {
+						s.elems[slotKey(sl.base+uint32(i))] = v
+					}
+				}
+			}
+		}
+	}
 	in := &planInput{
 		cfg: k.cfg, nodeIP: testNodeIP, localAddrs: testLocalAddrs,
 		desired: ns, full: ch.Full, changed: ch.Services, state: k.state, prevRecords: k.state.services,
@@ -50,8 +68,8 @@ func (k *fakeKernel) apply(ns *model.NodeState, ch model.Changes) *Plan {
 	if p.replace {
 		k.state = newTableState()
 	}
-	for i := range p.groups {
-		k.state.commit(&p.groups[i], k.now)
+	for _, g := range p.groups {
+		k.state.commit(g, k.now)
 	}
 	return p
 }

@@ -33,7 +33,8 @@ type serviceObjects struct {
 	slots []slotUse
 }
 
-// slotUse is one chain's endpoints, to be put in consecutive slots of an endpoint map.
+// slotUse is one chain's endpoints, to be put in consecutive slots of an endpoint map
+// (term.set; the planner sets term.base).
 type slotUse struct {
 	chain  string
 	term   *dnatMap

@@ -110,6 +110,18 @@ type serviceRecord struct {
 	chains []string
 	sets   []string
 	elems  []elemDef
+	// slots are the endpoint map elements of its chains. They belong to one chain
+	// only, so they need no claims, and the model keeps them nowhere else: between full
+	// resyncs the records are the model of the endpoint maps.
+	slots []slotRecord
+}
+
+// slotRecord is one chain's endpoints in an endpoint map: slot base+i holds values[i].
+type slotRecord struct {
+	chain  string
+	set    string
+	base   uint32
+	values []string
 }
 
 // fingerprint identifies the content of a chain: a 128-bit FNV-1a of the canonical bytes

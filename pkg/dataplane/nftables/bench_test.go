@@ -1,0 +1,232 @@
+//go:build kernel
+
+package nftables
+
+// Benchmarks of the backend against the kernel (go test -tags kernel -run XXX -bench .).
+// Results and method: docs/benchmarks-nftables.md.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+var benchSizes = []int{1000, 10000}
+
+func reportStats(b *testing.B, st ApplyStats) {
+	b.ReportMetric(float64(st.Messages), "msgs/op")
+	b.ReportMetric(float64(st.Bytes), "netlink-B/op")
+	b.ReportMetric(float64(st.Batches), "batches/op")
+	b.ReportMetric(float64(st.Operations), "ops/op")
+}
+
+// BenchmarkColdSync: an empty table to N Services x 10 endpoints, one full Apply.
+func BenchmarkColdSync(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := scaleState(model.IPv4, n, 10)
+			var st ApplyStats
+			for b.Loop() {
+				b.StopTimer()
+				resetTable(b)
+				be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
+				b.StartTimer()
+				mustApply(b, be, ns, model.Changes{Full: true})
+				st = be.LastStats()
+			}
+			reportStats(b, st)
+			b.ReportMetric(float64(st.PlanTime.Milliseconds()), "plan-ms")
+			b.ReportMetric(float64(st.ApplyTime.Milliseconds()), "apply-ms")
+		})
+	}
+}
+
+// BenchmarkColdSyncBatchSize: the cold sync of 10 000 Services with other batch limits.
+func BenchmarkColdSyncBatchSize(b *testing.B) {
+	ns := scaleState(model.IPv4, 10000, 10)
+	for _, size := range []int{64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20} {
+		b.Run(fmt.Sprintf("bytes=%d", size), func(b *testing.B) {
+			var st ApplyStats
+			for b.Loop() {
+				b.StopTimer()
+				resetTable(b)
+				be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP), WithBatchLimits(size, 1<<30))
+				b.StartTimer()
+				mustApply(b, be, ns, model.Changes{Full: true})
+				st = be.LastStats()
+			}
+			reportStats(b, st)
+		})
+	}
+}
+
+// BenchmarkReplaceInOneTransaction: a whole 10 000 x 10 table in a single transaction
+// (what replacing an incompatible table takes): how big one batch can be.
+func BenchmarkReplaceInOneTransaction(b *testing.B) {
+	ns := scaleState(model.IPv4, 10000, 10)
+	var st ApplyStats
+	for b.Loop() {
+		b.StopTimer()
+		resetTable(b)
+		nftScript(b, "add table ip kube-proxy\nadd map ip kube-proxy service-ips { type ipv4_addr : verdict ; }\n")
+		be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
+		b.StartTimer()
+		mustApply(b, be, ns, model.Changes{Full: true})
+		st = be.LastStats()
+		if !st.Replaced || st.Batches != 1 {
+			b.Fatalf("not one replacing transaction: %+v", st)
+		}
+	}
+	reportStats(b, st)
+}
+
+// BenchmarkOneEndpointChange: one endpoint of one Service moves, on a table of N
+// Services x 10 endpoints.
+func BenchmarkOneEndpointChange(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			resetTable(b)
+			be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
+			ns := scaleState(model.IPv4, n, 10)
+			mustApply(b, be, ns, model.Changes{Full: true})
+			target := types.NamespacedName{Namespace: "ns7", Name: "svc7"}
+			ch := changed("ns7/svc7")
+			i := 0
+			var st ApplyStats
+			for b.Loop() {
+				i++
+				moveOneEndpoint(ns, target, fmt.Sprintf("10.250.%d.%d:8080", (i/250)%250, i%250+1))
+				mustApply(b, be, ns, ch)
+				st = be.LastStats()
+			}
+			reportStats(b, st)
+		})
+	}
+}
+
+// BenchmarkFirstPacket: the time to connect (a new connection, so its first packet
+// goes through the rules) to a ClusterIP, with N Services in the table.
+func BenchmarkFirstPacket(b *testing.B) {
+	for _, n := range []int{100, 1000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			resetTable(b)
+			tp := newTopology(b, model.IPv4)
+			pod := tp.addPod("pod-a", "10.180.0.1")
+			be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
+			ns := scaleState(model.IPv4, n, 10)
+			target := svc("t", "target", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:80", "10.180.0.1:8080").build()
+			ns.SetService(target.Name.NamespacedName, []*model.ServicePort{target}, nil)
+			ns.ServiceCIDRs = append(ns.ServiceCIDRs, netip.MustParsePrefix("172.31.0.0/16"))
+			mustApply(b, be, ns, model.Changes{Full: true})
+			_ = pod
+			dst := ap("172.31.0.1", 80)
+			var total time.Duration
+			count := 0
+			for b.Loop() {
+				start := time.Now()
+				if _, err := tp.tcp(tp.client, netip.Addr{}, dst, quick); err != nil {
+					b.Fatal(err)
+				}
+				total += time.Since(start)
+				count++
+			}
+			b.ReportMetric(float64(total.Microseconds())/float64(count), "µs/connect")
+		})
+	}
+}
+
+// BenchmarkPeakRSS runs a cold sync of N Services x 10 endpoints in a child process
+// (this test binary, TestHelperColdSyncRSS) and reports the child's peak RSS (VmHWM):
+// the model's NodeState, the backend's plan and model, and the netlink buffers.
+func BenchmarkPeakRSS(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			var hwm, base float64
+			for b.Loop() {
+				resetTable(b)
+				hwm, base = childRSS(b, n)
+			}
+			b.ReportMetric(hwm/1024, "peak-RSS-MiB")
+			b.ReportMetric(base/1024, "RSS-before-sync-MiB")
+		})
+	}
+}
+
+func childRSS(b *testing.B, n int) (hwm, before float64) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperColdSyncRSS$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SLUICE_RSS_HELPER="+strconv.Itoa(n))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("helper: %v: %s", err, out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		var v float64
+		if _, err := fmt.Sscanf(sc.Text(), "VmHWM %f", &v); err == nil {
+			hwm = v
+		}
+		if _, err := fmt.Sscanf(sc.Text(), "before %f", &v); err == nil {
+			before = v
+		}
+	}
+	if hwm == 0 {
+		b.Fatalf("no VmHWM in the helper's output: %s", out)
+	}
+	return hwm, before
+}
+
+// TestHelperColdSyncRSS is the child of BenchmarkPeakRSS; it does nothing otherwise.
+func TestHelperColdSyncRSS(t *testing.T) {
+	n, err := strconv.Atoi(os.Getenv("SLUICE_RSS_HELPER"))
+	if err != nil {
+		t.Skip("only run by BenchmarkPeakRSS")
+	}
+	ns := scaleState(model.IPv4, n, 10)
+	fmt.Printf("before %d\n", statusKiB("VmRSS"))
+	be, err := New(context.Background(), testConfig(model.IPv4), WithoutLeftoverCleanup(), fixedAddrs(testNodeIP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := be.Apply(context.Background(), ns, model.Changes{Full: true}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if path := os.Getenv("SLUICE_RSS_HEAP_PROFILE"); path != "" {
+		runtime.GC()
+		f, _ := os.Create(path)
+		_ = pprof.WriteHeapProfile(f)
+		f.Close()
+	}
+	fmt.Printf("after-cold %d\n", statusKiB("VmHWM"))
+	// A full resync right after: reads the whole table back.
+	if res := be.Apply(context.Background(), ns, model.Changes{Full: true}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	fmt.Printf("VmHWM %d\n", statusKiB("VmHWM"))
+}
+
+func statusKiB(field string) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			v, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")))
+			return v
+		}
+	}
+	return 0
+}
