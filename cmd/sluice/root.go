@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -18,18 +19,28 @@ import (
 )
 
 // execute runs the sluice command line with args and returns the exit code: 0 on success
-// (including --help, --version and --write-config-to), 1 on any error.
+// (including --help, --version and --write-config-to), 1 on any error, or the code a
+// subcommand chose (see status.go: status and explain document theirs).
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd := newRootCommand(stdout, stderr)
 	cmd.SetArgs(args)
 	if err := cmd.ExecuteContext(ctx); err != nil {
+		code := 1
+		var withCode *exitCodeError
+		if errors.As(err, &withCode) {
+			code = withCode.code
+			if withCode.err == nil {
+				return code
+			}
+		}
 		fmt.Fprintf(stderr, "Error: %v\n", err)
-		return 1
+		return code
 	}
 	return 0
 }
 
-// newRootCommand builds `sluice`: run the proxy (the default), or the `version` subcommand.
+// newRootCommand builds `sluice`: run the proxy (the default), or the `version`, `status`
+// and `explain` subcommands.
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	opts := config.NewOptions()
 	var printVersion bool
@@ -73,6 +84,7 @@ It reads the same KubeProxyConfiguration file (--config) and flags as kube-proxy
 			return err
 		},
 	})
+	cmd.AddCommand(newStatusCommand(stdout), newExplainCommand(stdout))
 	return cmd
 }
 
