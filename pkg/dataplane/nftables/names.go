@@ -65,7 +65,7 @@ const (
 	// endpointRules.
 	endpointMapPrefix = "endpoints-"
 	// endpointMaps is their number.
-	endpointMaps = 128
+	endpointMaps = 256
 )
 
 // endpointMapOf returns the endpoint map a chain's endpoints go in.

@@ -211,8 +211,8 @@ func TestPartialPlans(t *testing.T) {
 			want: `# ns1/a
 flush chain ip kube-proxy service-<ns1/a/tcp/p>
 delete element ip kube-proxy cluster-ips { 172.30.0.1 }
-delete element ip kube-proxy endpoints-06 { 0 }
-delete element ip kube-proxy endpoints-06 { 1 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 0 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 1 }
 delete element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 }
 delete chain ip kube-proxy service-<ns1/a/tcp/p>
 `,
@@ -240,8 +240,8 @@ delete chain ip kube-proxy service-<ns1/c/udp/p>
 				base()[1], base()[2]},
 			changed: []string{"ns1/a"},
 			want: `# ns1/a
-delete element ip kube-proxy endpoints-06 { 1 }
-add element ip kube-proxy endpoints-06 { 1 : 10.180.0.9 . 80 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 1 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 1 : 10.180.0.9 . 80 }
 `,
 		},
 		{
@@ -252,8 +252,8 @@ add element ip kube-proxy endpoints-06 { 1 : 10.180.0.9 . 80 }
 			changed: []string{"ns1/a"},
 			want: `# ns1/a
 flush chain ip kube-proxy service-<ns1/a/tcp/p>
-add rule ip kube-proxy service-<ns1/a/tcp/p> meta l4proto tcp dnat ip addr . port to numgen random mod 3 offset 0 map @endpoints-06
-add element ip kube-proxy endpoints-06 { 2 : 10.180.0.9 . 80 }
+add rule ip kube-proxy service-<ns1/a/tcp/p> meta l4proto tcp dnat ip addr . port to numgen random mod 3 offset 0 map @endpoints-<<ns1/a>>
+add element ip kube-proxy endpoints-<<ns1/a>> { 2 : 10.180.0.9 . 80 }
 `,
 		},
 		{
@@ -281,14 +281,14 @@ add rule ip kube-proxy service-<ns1/b/tcp/p> goto endpoint-<ns1/b/tcp/p__10.180.
 			changed: []string{"ns1/a"},
 			want: `# ns1/a
 flush chain ip kube-proxy service-<ns1/a/tcp/p>
-add rule ip kube-proxy service-<ns1/a/tcp/p> meta l4proto tcp dnat ip addr . port to numgen random mod 5 offset 4 map @endpoints-06
-delete element ip kube-proxy endpoints-06 { 0 }
-delete element ip kube-proxy endpoints-06 { 1 }
-add element ip kube-proxy endpoints-06 { 4 : 10.180.0.1 . 80 }
-add element ip kube-proxy endpoints-06 { 5 : 10.180.0.2 . 80 }
-add element ip kube-proxy endpoints-06 { 6 : 10.180.0.5 . 80 }
-add element ip kube-proxy endpoints-06 { 7 : 10.180.0.6 . 80 }
-add element ip kube-proxy endpoints-06 { 8 : 10.180.0.7 . 80 }
+add rule ip kube-proxy service-<ns1/a/tcp/p> meta l4proto tcp dnat ip addr . port to numgen random mod 5 offset 4 map @endpoints-<<ns1/a>>
+delete element ip kube-proxy endpoints-<<ns1/a>> { 0 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 1 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 4 : 10.180.0.1 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 5 : 10.180.0.2 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 6 : 10.180.0.5 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 7 : 10.180.0.6 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 8 : 10.180.0.7 . 80 }
 `,
 		},
 		{
@@ -472,14 +472,26 @@ func TestNodePortAddressesChangeReplacesTheSet(t *testing.T) {
 
 var nameToken = regexp.MustCompile(`-<([^>]+)>`)
 
-// slotNumbers matches the slot of an endpoints-06 element, which depends on the order
+// slotNumbers matches the slot of an endpoints-<<ns1/a>> element, which depends on the order
 // blocks were allocated in.
 var slotNumbers = regexp.MustCompile(`\{ [0-9]+`)
 
 // expandNames replaces "-<ns/svc/proto/port>" (and "-<...__ip/port>") in expected
 // output with the hashed name, so that tests read like the names they mean.
 func expandNames(s string) string {
+	s = mapToken.ReplaceAllStringFunc(s, func(m string) string {
+		svc := m[len("endpoints-<<") : len(m)-2]
+		return endpointMapOf(chainNamesFor(model.ServicePortName{NamespacedName: nsName(svc), Port: "p", Protocol: model.TCP}).cluster)
+	})
 	return nameToken.ReplaceAllStringFunc(s, func(m string) string {
 		return "-" + hashAndTruncate(m[2:len(m)-1])
 	})
+}
+
+// mapToken is "endpoints-<<ns/svc>>": the endpoint map of that Service's TCP port "p".
+var mapToken = regexp.MustCompile(`endpoints-<<[^>]+>>`)
+
+func nsName(s string) types.NamespacedName {
+	ns, name, _ := cutSlash(s)
+	return types.NamespacedName{Namespace: ns, Name: name}
 }

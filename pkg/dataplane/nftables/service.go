@@ -313,7 +313,7 @@ const cascadeMax = 64
 // keeps a table's sets in a list and finds them by name, or names an anonymous one by
 // parsing every other name, so 10 000 per-Service sets make a load quadratic; and a rule
 // binding a map from a new chain makes the kernel check every element of the map, so a
-// single shared map would be quadratic too. With 128 maps both costs stay small.
+// single shared map would be quadratic too. With 256 maps both costs stay small.
 //
 // With session affinity: the client's recent endpoint first, then a cascade (or an
 // anonymous verdict map above cascadeMax) over the endpoint chains.

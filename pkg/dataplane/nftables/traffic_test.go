@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -384,9 +382,4 @@ func TestCleanupLeavesNothing(t *testing.T) {
 	if err := Cleanup(t.Context(), model.IPv4); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func nsName(s string) types.NamespacedName {
-	ns, name, _ := cutSlash(s)
-	return types.NamespacedName{Namespace: ns, Name: name}
 }
