@@ -31,7 +31,6 @@ func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Res
 		}
 	}
 
-	owners := p.owners
 	for _, so := range p.services {
 		if err := ctx.Err(); err != nil {
 			return dataplane.Result{Err: err}
@@ -43,7 +42,7 @@ func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Res
 				// is retried.
 				for _, rest := range so.ops[i:] {
 					if rest.kind == opDeleteVS {
-						owners[rest.vs] = so.name
+						b.idx.own(rest.vs, so.name)
 					}
 				}
 				break
@@ -53,8 +52,6 @@ func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Res
 			fail(so.name, describeFailures(so.errs))
 		}
 	}
-	b.owners = owners
-	b.draining = p.draining
 
 	for _, o := range p.adds {
 		if err := b.run(ctx, o); err != nil {
@@ -90,7 +87,7 @@ func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Res
 func (b *Backend) writeRules(ctx context.Context, p *plan, full bool) error {
 	rs := renderRules(ruleConfig{
 		family: b.cfg.Family, markBit: b.cfg.MasqueradeBit, masqueradeAll: b.cfg.MasqueradeAll, detector: b.cfg.LocalDetector,
-	}, p.outFilter)
+	}, b.idx.outFilterRules())
 	text := rs.text()
 	var fixes map[string]*tableFixes
 	if full {

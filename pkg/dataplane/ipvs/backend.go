@@ -52,11 +52,11 @@ type Backend struct {
 	opts    options
 
 	// view is what the kernel holds, as far as the backend knows (nil before the first
-	// full sync); records, owners and draining are its memory of the Services.
+	// full sync); idx is what the Services need, and draining the virtual servers (with
+	// their owners) that hold a real server at weight 0.
 	view     *kernelView
 	env      *planEnv
-	records  map[types.NamespacedName]*serviceRecord
-	owners   map[vsKey]types.NamespacedName
+	idx      *desiredIndex
 	draining map[vsKey]types.NamespacedName
 	// rules is the text of the ruleset last written.
 	rules         string
@@ -143,8 +143,7 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family.String())
 	b := &Backend{
 		cfg: cfg, settings: settings, logger: logger, now: o.now, opts: o,
-		records:  map[types.NamespacedName]*serviceRecord{},
-		owners:   map[vsKey]types.NamespacedName{},
+		idx:      newDesiredIndex(),
 		draining: map[vsKey]types.NamespacedName{},
 		needFull: true,
 	}
@@ -303,19 +302,24 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	defer func() { b.stats.Duration = b.now().Sub(start) }()
 
 	var scope sets.Set[types.NamespacedName]
+	records := map[types.NamespacedName]*serviceRecord{}
+	var previousOwners map[vsKey]types.NamespacedName
 	if full {
 		if err := b.readKernel(ctx, desired); err != nil {
 			b.needFull = true
 			return dataplane.Result{Err: err, Full: true}
 		}
+		// A full sync recomputes every record from scratch, remembering only who held
+		// which frontend.
+		previousOwners = b.idx.owners
+		b.idx = newDesiredIndex()
 		scope = desired.ServiceNames()
-		for _, owner := range b.owners {
+		for _, owner := range previousOwners {
 			scope.Insert(owner)
 		}
-		b.records = make(map[types.NamespacedName]*serviceRecord, len(scope))
 		for name := range scope {
 			if ports := desired.PortsOf(name); len(ports) > 0 {
-				b.records[name] = buildRecord(ports, b.env)
+				records[name] = buildRecord(ports, b.env)
 			}
 		}
 	} else {
@@ -323,31 +327,43 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		if scope == nil {
 			scope = sets.New[types.NamespacedName]()
 		}
-		for _, owner := range b.draining {
-			scope.Insert(owner)
-		}
 		for name := range changes.Services {
 			if ports := desired.PortsOf(name); len(ports) > 0 {
-				b.records[name] = buildRecord(ports, b.env)
-			} else {
-				delete(b.records, name)
+				records[name] = buildRecord(ports, b.env)
 			}
 		}
-		if err := b.readDestinations(scope); err != nil {
+		// Services draining a real server are looked at again, unchanged.
+		for _, owner := range b.draining {
+			if !scope.Has(owner) {
+				scope.Insert(owner)
+				if r := b.idx.records[owner]; r != nil {
+					records[owner] = r
+				}
+			}
+		}
+		if err := b.readDestinations(scope, records); err != nil {
 			b.needFull = true
 			return dataplane.Result{Err: err}
 		}
 	}
 
 	p := makePlan(&planInput{
-		family:  b.cfg.Family,
-		full:    full,
-		records: b.records,
-		scope:   scope,
-		owners:  b.owners,
-		kernel:  b.view,
-		exclude: b.settings.ExcludeCIDRs,
-	})
+		family:         b.cfg.Family,
+		full:           full,
+		records:        records,
+		scope:          scope,
+		kernel:         b.view,
+		exclude:        b.settings.ExcludeCIDRs,
+		previousOwners: previousOwners,
+	}, b.idx)
+	for key, owner := range b.draining {
+		if scope.Has(owner) {
+			delete(b.draining, key)
+		}
+	}
+	for key, owner := range p.draining {
+		b.draining[key] = owner
+	}
 	res := b.execute(ctx, p, full)
 	res.Full = full
 	if res.Err != nil {
@@ -461,15 +477,13 @@ func (b *Backend) makeEnv(local []linkAddr, desired *model.NodeState) *planEnv {
 
 // readDestinations reads the real servers of every virtual server that the Services in
 // scope want or hold, for a partial sync.
-func (b *Backend) readDestinations(scope sets.Set[types.NamespacedName]) error {
+func (b *Backend) readDestinations(scope sets.Set[types.NamespacedName], records map[types.NamespacedName]*serviceRecord) error {
 	want := map[vsKey]bool{}
 	for name := range scope {
-		for _, d := range b.records[name].vssOrNil() {
+		for _, d := range records[name].vssOrNil() {
 			want[d.key] = true
 		}
-	}
-	for k, owner := range b.owners {
-		if scope.Has(owner) {
+		for k := range b.idx.ownedBy[name] {
 			want[k] = true
 		}
 	}

@@ -224,7 +224,7 @@ func TestPartialSyncTouchesOnlyChangedServices(t *testing.T) {
 	k.calls = nil
 	mustApply(t, b, stateOf(ports...), changed("ns/s007"))
 	want = []string{"delete-vs 10.96.1.7:80/TCP", "delete-vs 192.168.0.10:30007/TCP",
-		"del-entry KUBE-CLUSTER-IP 10.96.1.7,tcp:80", "del-entry KUBE-NODE-PORT-TCP 30007", "del-entry KUBE-IPVS-IPS 10.96.1.7",
+		"del-entry KUBE-IPVS-IPS 10.96.1.7", "del-entry KUBE-CLUSTER-IP 10.96.1.7,tcp:80", "del-entry KUBE-NODE-PORT-TCP 30007",
 		"del-addr kube-ipvs0 10.96.1.7"}
 	if diff := cmp.Diff(want, k.calls); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)

@@ -91,22 +91,70 @@ type serviceOps struct {
 	errs []error
 }
 
+// desiredIndex is every Service's record and their union over Services (who holds each
+// frontend, which set entries and addresses are needed, and by how many), kept up to date
+// incrementally: a partial sync costs what its Services touch, not what the node holds. It
+// belongs to the Backend; makePlan updates it for the Services in scope.
+type desiredIndex struct {
+	records map[types.NamespacedName]*serviceRecord
+	// owners says which Service holds each frontend (virtual server); ownedBy is its reverse.
+	owners  map[vsKey]types.NamespacedName
+	ownedBy map[types.NamespacedName]map[vsKey]bool
+	// entries counts, per set entry, the Services that need it.
+	entries map[setMember]int
+	// bound counts, per address, the held frontends that bind it to the dummy device.
+	bound map[netip.Addr]int
+	// outFilter counts the Services needing each KUBE-IPVS-OUT-FILTER rule.
+	outFilter map[outFilterRule]int
+}
+
+func newDesiredIndex() *desiredIndex {
+	return &desiredIndex{
+		records:   map[types.NamespacedName]*serviceRecord{},
+		owners:    map[vsKey]types.NamespacedName{},
+		ownedBy:   map[types.NamespacedName]map[vsKey]bool{},
+		entries:   map[setMember]int{},
+		bound:     map[netip.Addr]int{},
+		outFilter: map[outFilterRule]int{},
+	}
+}
+
+// own records that name holds key.
+func (x *desiredIndex) own(key vsKey, name types.NamespacedName) {
+	x.owners[key] = name
+	if x.ownedBy[name] == nil {
+		x.ownedBy[name] = map[vsKey]bool{}
+	}
+	x.ownedBy[name][key] = true
+}
+
+// outFilterRules returns the KUBE-IPVS-OUT-FILTER rules, sorted.
+func (x *desiredIndex) outFilterRules() []outFilterRule {
+	out := make([]outFilterRule, 0, len(x.outFilter))
+	for f := range x.outFilter {
+		out = append(out, f)
+	}
+	slices.SortFunc(out, compareOutFilter)
+	return out
+}
+
 // planInput is what the planner reads.
 type planInput struct {
 	family model.IPFamily
 	full   bool
-	// records hold every Service's record after this sync (unchanged Services keep theirs).
+	// records are the new records of the Services in scope; a Service in scope without one
+	// has nothing left to program.
 	records map[types.NamespacedName]*serviceRecord
 	// scope are the Services to converge (every Service on a full sync).
 	scope sets.Set[types.NamespacedName]
-	// owners say which Service each virtual server in the kernel belongs to, from the last
-	// sync. A full sync of a restarted process starts with none.
-	owners map[vsKey]types.NamespacedName
-	// kernel is the kernel view; it holds the real servers of every virtual server that a
+	// kernel is the kernel view. It holds the real servers of every virtual server that a
 	// Service in scope wants and the kernel has.
 	kernel *kernelView
 	// exclude are ipvs.excludeCIDRs of this family: virtual servers there are never deleted.
 	exclude []netip.Prefix
+	// previousOwners are the holders of frontends before a full sync (which starts from an
+	// empty index), so that a frontend two Services want stays with the one holding it.
+	previousOwners map[vsKey]types.NamespacedName
 }
 
 // plan is the planner's output, run in field order.
@@ -119,14 +167,8 @@ type plan struct {
 	adds []op
 	// deletes run last: stale set entries, addresses and (full syncs) leftover virtual servers.
 	deletes []op
-	// owners is the ownership after this sync.
-	owners map[vsKey]types.NamespacedName
-	// bound are the addresses the dummy device must hold.
-	bound map[netip.Addr]bool
-	// outFilter are the KUBE-IPVS-OUT-FILTER rules, sorted.
-	outFilter []outFilterRule
-	// draining are the virtual servers (and their owners) still holding a real server at
-	// weight 0 after this plan, waiting for its connections to end.
+	// draining are the virtual servers of Services in scope (with their owner) that still
+	// hold a real server at weight 0 after this plan, waiting for its connections to end.
 	draining map[vsKey]types.NamespacedName
 }
 
@@ -139,19 +181,17 @@ func (p *plan) numOps() int {
 	return n
 }
 
-// makePlan computes the operations that take the kernel from in.kernel to in.records.
-func makePlan(in *planInput) *plan {
-	p := &plan{
-		owners:   make(map[vsKey]types.NamespacedName, len(in.owners)),
-		bound:    map[netip.Addr]bool{},
-		draining: map[vsKey]types.NamespacedName{},
-	}
+// makePlan computes the operations that take the kernel to the desired state of the
+// Services in scope, updating idx with their new records on the way.
+func makePlan(in *planInput, idx *desiredIndex) *plan {
+	p := &plan{draining: map[vsKey]types.NamespacedName{}}
 	k := in.kernel
 
 	// Setup: the device, then the sets (only when absent, or of the wrong type).
 	if !k.linkExists {
 		p.setup = append(p.setup, op{kind: opCreateLink})
 	}
+	recreated := map[ipsetID]bool{}
 	for id := ipsetID(0); id < numIPSets; id++ {
 		ks, ok := k.sets[id]
 		switch {
@@ -159,40 +199,90 @@ func makePlan(in *planInput) *plan {
 			p.setup = append(p.setup, op{kind: opCreateSet, set: id})
 		case ks.Type != ipsets[id].typ || (ks.Family != 0 && ks.Family != afOf(in.family) && ipsets[id].typ != typeBitmapPort):
 			p.setup = append(p.setup, op{kind: opRecreateSet, set: id})
+			recreated[id] = true
 		}
 	}
 
-	// Ownership. A Service in scope gives up the frontends it no longer wants; then every
-	// Service in scope claims its frontends. A frontend held by a Service that still wants
-	// it stays with that Service; the other one fails for that frontend.
-	released := map[vsKey]types.NamespacedName{}
-	for key, owner := range in.owners {
-		if in.scope.Has(owner) && in.records[owner].vs(key) == nil {
-			released[key] = owner
-			continue
-		}
-		if !in.scope.Has(owner) && in.records[owner].vs(key) == nil {
-			// The owner's record no longer has it, yet the owner is not in scope (it was
-			// deleted outside a sync, or its record was replaced): the frontend is free.
-			released[key] = owner
-			continue
-		}
-		p.owners[key] = owner
-	}
 	names := sortedNames(in.scope)
+	touchedEntries := map[setMember]bool{}
+	touchedAddrs := map[netip.Addr]bool{}
+
+	// Pass 1: forget what the Services in scope needed, and let go of their frontends.
+	released := map[vsKey]types.NamespacedName{}
+	for _, name := range names {
+		old := idx.records[name]
+		if old != nil {
+			for _, m := range old.members {
+				touchedEntries[m] = true
+				if idx.entries[m]--; idx.entries[m] <= 0 {
+					delete(idx.entries, m)
+				}
+			}
+			for _, f := range old.outFilter {
+				if idx.outFilter[f]--; idx.outFilter[f] <= 0 {
+					delete(idx.outFilter, f)
+				}
+			}
+		}
+		for key := range idx.ownedBy[name] {
+			if d := old.vs(key); d != nil && d.bind {
+				touchedAddrs[key.Addr] = true
+				if idx.bound[key.Addr]--; idx.bound[key.Addr] <= 0 {
+					delete(idx.bound, key.Addr)
+				}
+			}
+			delete(idx.owners, key)
+			released[key] = name
+		}
+		delete(idx.ownedBy, name)
+		if r := in.records[name]; r != nil {
+			idx.records[name] = r
+		} else {
+			delete(idx.records, name)
+		}
+	}
+
+	// Pass 2: claim the frontends. Their previous holders claim first, so that a frontend
+	// two Services want stays where it is; the other Service fails for that frontend.
+	addrClaimer := map[netip.Addr]types.NamespacedName{}
+	claim := func(name types.NamespacedName, d *desiredVS) {
+		idx.own(d.key, name)
+		delete(released, d.key)
+		if d.bind {
+			idx.bound[d.key.Addr]++
+			touchedAddrs[d.key.Addr] = true
+			if _, ok := addrClaimer[d.key.Addr]; !ok {
+				addrClaimer[d.key.Addr] = name
+			}
+		}
+	}
+	for _, name := range names {
+		for i, d := range idx.records[name].vssOrNil() {
+			if _, held := idx.owners[d.key]; !held && (released[d.key] == name || in.previousOwners[d.key] == name) {
+				claim(name, &idx.records[name].vss[i])
+			}
+		}
+	}
 	conflicts := map[types.NamespacedName][]error{}
 	for _, name := range names {
-		r := in.records[name]
+		r := idx.records[name]
+		for i, d := range r.vssOrNil() {
+			switch holder, held := idx.owners[d.key]; {
+			case !held:
+				claim(name, &r.vss[i])
+			case holder != name:
+				conflicts[name] = append(conflicts[name], fmt.Errorf("%s (port %s) is already used by Service %s", d.key, d.port, holder.String()))
+			}
+		}
 		if r == nil {
 			continue
 		}
-		for _, d := range r.vss {
-			if holder, ok := p.owners[d.key]; ok && holder != name {
-				conflicts[name] = append(conflicts[name], fmt.Errorf("%s (port %s) is already used by Service %s", d.key, d.port, holder.String()))
-				continue
-			}
-			p.owners[d.key] = name
-			delete(released, d.key)
+		for _, m := range r.members {
+			touchedEntries[m] = true
+			idx.entries[m]++
+		}
+		for _, f := range r.outFilter {
+			idx.outFilter[f]++
 		}
 	}
 
@@ -204,19 +294,18 @@ func makePlan(in *planInput) *plan {
 	deletedVS := map[vsKey]bool{}
 	for _, name := range names {
 		so := serviceOps{name: name, errs: conflicts[name]}
-		if r := in.records[name]; r != nil {
-			for i := range r.vss {
-				d := &r.vss[i]
-				if p.owners[d.key] != name {
-					continue
-				}
-				ops, err := planVS(name, d, k, p.draining)
-				if err != nil {
-					so.errs = append(so.errs, err)
-					continue
-				}
-				so.ops = append(so.ops, ops...)
+		r := idx.records[name]
+		for i := range r.vssOrNil() {
+			d := &r.vss[i]
+			if idx.owners[d.key] != name {
+				continue
 			}
+			ops, err := planVS(name, d, k, p.draining)
+			if err != nil {
+				so.errs = append(so.errs, err)
+				continue
+			}
+			so.ops = append(so.ops, ops...)
 		}
 		gone := releasedBy[name]
 		slices.SortFunc(gone, compareVSKeys)
@@ -230,91 +319,105 @@ func makePlan(in *planInput) *plan {
 			p.services = append(p.services, so)
 		}
 	}
-	// Frontends released by Services outside scope (their record lost them without a sync
-	// in scope) are deleted as leftovers below.
 
-	// Addresses on the dummy device: every owned frontend that binds.
-	addrOwner := map[netip.Addr]types.NamespacedName{}
-	for key, owner := range p.owners {
-		if d := in.records[owner].vs(key); d != nil && d.bind {
-			p.bound[key.Addr] = true
-			if cur, ok := addrOwner[key.Addr]; !ok || owner.String() < cur.String() {
-				addrOwner[key.Addr] = owner
+	// Addresses on the dummy device, and KUBE-IPVS-IPS, which lists them.
+	addrs := touchedAddrs
+	if in.full {
+		addrs = map[netip.Addr]bool{}
+		for a := range idx.bound {
+			addrs[a] = true
+		}
+		for a := range k.bound {
+			addrs[a] = true
+		}
+		if ks := k.sets[setIPVSIPs]; ks != nil {
+			for e := range ks.Entries {
+				addrs[e.IP] = true
 			}
 		}
 	}
-	for _, a := range sortedAddrs(p.bound) {
-		if !k.bound[a] {
-			p.adds = append(p.adds, op{kind: opBindAddr, addr: a, owner: addrOwner[a]})
+	ipvsIPs := k.sets[setIPVSIPs]
+	// Addresses leave the device last, after their set entries and virtual servers, so
+	// that KUBE-IPVS-IPS always covers every address the device holds.
+	var unbinds []op
+	for _, a := range sortedAddrs(addrs) {
+		want := idx.bound[a] > 0
+		owner := addrClaimer[a]
+		if want && !k.bound[a] {
+			p.adds = append(p.adds, op{kind: opBindAddr, addr: a, owner: owner})
+		}
+		if !want && k.bound[a] {
+			unbinds = append(unbinds, op{kind: opUnbindAddr, addr: a})
+		}
+		e := setEntry{IP: a}
+		have := ipvsIPs != nil && !recreated[setIPVSIPs] && ipvsIPs.Entries[e]
+		if want && !have {
+			p.adds = append(p.adds, op{kind: opAddEntry, set: setIPVSIPs, entry: e, owner: owner})
+		}
+		if !want && have {
+			p.deletes = append(p.deletes, op{kind: opDelEntry, set: setIPVSIPs, entry: e})
 		}
 	}
 
-	// Set entries: the union of every record's, plus the bound addresses in KUBE-IPVS-IPS.
-	want := make([]map[setEntry]types.NamespacedName, numIPSets)
-	for id := range want {
-		want[id] = map[setEntry]types.NamespacedName{}
-	}
-	outFilter := map[outFilterRule]bool{}
-	for name, r := range in.records {
-		if r == nil {
-			continue
+	// Set entries.
+	entries := touchedEntries
+	if in.full {
+		entries = make(map[setMember]bool, len(idx.entries))
+		for m := range idx.entries {
+			entries[m] = true
 		}
-		for _, m := range r.members {
-			if cur, ok := want[m.set][m.entry]; !ok || name.String() < cur.String() {
-				want[m.set][m.entry] = name
+		for id, ks := range k.sets {
+			if id == setIPVSIPs {
+				continue
 			}
-		}
-		for _, f := range r.outFilter {
-			outFilter[f] = true
-		}
-	}
-	for a, owner := range addrOwner {
-		want[setIPVSIPs][setEntry{IP: a}] = owner
-	}
-	for id := ipsetID(0); id < numIPSets; id++ {
-		var have map[setEntry]bool
-		if ks, ok := k.sets[id]; ok && !setNeedsRecreate(p.setup, id) {
-			have = ks.Entries
-		}
-		for _, e := range sortedEntries(want[id]) {
-			if !have[e] {
-				p.adds = append(p.adds, op{kind: opAddEntry, set: id, entry: e, owner: want[id][e]})
-			}
-		}
-		for _, e := range sortedEntrySet(have) {
-			if _, ok := want[id][e]; !ok {
-				p.deletes = append(p.deletes, op{kind: opDelEntry, set: id, entry: e})
+			for e := range ks.Entries {
+				entries[setMember{set: id, entry: e}] = true
 			}
 		}
 	}
-	for f := range outFilter {
-		p.outFilter = append(p.outFilter, f)
+	entryOwner := map[setMember]types.NamespacedName{}
+	for _, name := range names {
+		for _, m := range idx.records[name].membersOrNil() {
+			if _, ok := entryOwner[m]; !ok {
+				entryOwner[m] = name
+			}
+		}
 	}
-	slices.SortFunc(p.outFilter, compareOutFilter)
-
-	for _, a := range sortedAddrs(k.bound) {
-		if !p.bound[a] {
-			p.deletes = append(p.deletes, op{kind: opUnbindAddr, addr: a})
+	for _, m := range sortedMembers(entries) {
+		want := idx.entries[m] > 0
+		ks := k.sets[m.set]
+		have := ks != nil && !recreated[m.set] && ks.Entries[m.entry]
+		switch {
+		case want && !have:
+			p.adds = append(p.adds, op{kind: opAddEntry, set: m.set, entry: m.entry, owner: entryOwner[m]})
+		case !want && have:
+			p.deletes = append(p.deletes, op{kind: opDelEntry, set: m.set, entry: m.entry})
 		}
 	}
 
-	// Leftover virtual servers: on full syncs, every virtual server of this family that no
-	// Service owns, outside excludeCIDRs. Also, on any sync, those released by Services out
-	// of scope.
-	var leftovers []vsKey
-	for key := range k.services {
-		if _, owned := p.owners[key]; owned || deletedVS[key] || excluded(key.Addr, in.exclude) {
-			continue
+	// Leftover virtual servers (full syncs): every virtual server of this family that no
+	// Service holds, outside excludeCIDRs.
+	if in.full {
+		var leftovers []vsKey
+		for key := range k.services {
+			if _, held := idx.owners[key]; !held && !deletedVS[key] && !excluded(key.Addr, in.exclude) {
+				leftovers = append(leftovers, key)
+			}
 		}
-		if _, rel := released[key]; in.full || rel {
-			leftovers = append(leftovers, key)
+		slices.SortFunc(leftovers, compareVSKeys)
+		for _, key := range leftovers {
+			p.deletes = append(p.deletes, op{kind: opDeleteVS, vs: key})
 		}
 	}
-	slices.SortFunc(leftovers, compareVSKeys)
-	for _, key := range leftovers {
-		p.deletes = append(p.deletes, op{kind: opDeleteVS, vs: key})
-	}
+	p.deletes = append(p.deletes, unbinds...)
 	return p
+}
+
+func (r *serviceRecord) membersOrNil() []setMember {
+	if r == nil {
+		return nil
+	}
+	return r.members
 }
 
 // planVS converges one virtual server of one Service and records whether real servers are
@@ -379,15 +482,6 @@ func sortedNames(s sets.Set[types.NamespacedName]) []types.NamespacedName {
 	return out
 }
 
-func setNeedsRecreate(setup []op, id ipsetID) bool {
-	for _, o := range setup {
-		if o.kind == opRecreateSet && o.set == id {
-			return true
-		}
-	}
-	return false
-}
-
 func excluded(a netip.Addr, cidrs []netip.Prefix) bool {
 	for _, c := range cidrs {
 		if c.Contains(a) {
@@ -413,16 +507,20 @@ func compareEntries(a, b setEntry) int {
 	return strings.Compare(a.Net.String(), b.Net.String())
 }
 
-func sortedEntries[V any](m map[setEntry]V) []setEntry {
-	out := make([]setEntry, 0, len(m))
+// sortedMembers returns the members in set order, then entry order.
+func sortedMembers(m map[setMember]bool) []setMember {
+	out := make([]setMember, 0, len(m))
 	for e := range m {
 		out = append(out, e)
 	}
-	slices.SortFunc(out, compareEntries)
+	slices.SortFunc(out, func(a, b setMember) int {
+		if a.set != b.set {
+			return int(a.set) - int(b.set)
+		}
+		return compareEntries(a.entry, b.entry)
+	})
 	return out
 }
-
-func sortedEntrySet(m map[setEntry]bool) []setEntry { return sortedEntries(m) }
 
 func compareOutFilter(a, b outFilterRule) int {
 	return compareVSKeys(vsKey{Proto: a.proto, Addr: a.addr, Port: a.port}, vsKey{Proto: b.proto, Addr: b.addr, Port: b.port})
