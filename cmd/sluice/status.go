@@ -233,7 +233,7 @@ func writeStatus(w io.Writer, r *app.StatusReport, server string, filters []stri
 }
 
 // syncLine summarises a family's syncs, e.g. "last sync 2026-03-04T05:06:07Z (2s ago),
-// full, took 0.004s; 7 syncs".
+// full, took 4ms; 7 syncs".
 func syncLine(st syncloop.FamilyStatus, now time.Time) string {
 	if st.LastSync.IsZero() {
 		return "no sync yet (waiting for the first list of Services and EndpointSlices?)"
@@ -245,7 +245,8 @@ func syncLine(st syncloop.FamilyStatus, now time.Time) string {
 	if st.LastError != "" {
 		kind = "failed"
 	}
-	s := fmt.Sprintf("last sync %s, %s, took %.3fs; %d syncs", stamp(st.LastSync, now), kind, st.LastSyncDuration, st.Syncs)
+	took := time.Duration(st.LastSyncDuration * float64(time.Second)).Round(time.Microsecond)
+	s := fmt.Sprintf("last sync %s, %s, took %s; %d syncs", stamp(st.LastSync, now), kind, took, st.Syncs)
 	if !st.LastSuccess.Equal(st.LastSync) {
 		s += ", last success " + stamp(st.LastSuccess, now)
 	}

@@ -122,7 +122,7 @@ func TestStatus(t *testing.T) {
 			wantCode: 0,
 			wantOut: []string{
 				"sluice on node node-a: mode nftables, read from http",
-				"IPv4: last sync 2026-03-04T", "ago), full, took 0.004s; 7 syncs",
+				"IPv4: last sync 2026-03-04T", "ago), full, took 4ms; 7 syncs",
 				"SERVICE         PORT         TYPE          STATUS      CLUSTER(ready/term)  LOCAL(ready/term)",
 				// web: 10.244.1.10 ready, 10.244.2.10 terminating: the Cluster list holds the ready one only.
 				"demo/web        http:80/TCP  ClusterIP     programmed  1/0                  -",
@@ -148,7 +148,7 @@ func TestStatus(t *testing.T) {
 				})).URL
 			},
 			wantCode: exitServicesFailed,
-			wantOut:  []string{"ago), failed, took 0.004s", "last success 2026-03-04T", "last sync FAILED: netlink: operation not permitted", "unknown (last sync failed)"},
+			wantOut:  []string{"ago), failed, took 4ms", "last success 2026-03-04T", "last sync FAILED: netlink: operation not permitted", "unknown (last sync failed)"},
 		},
 		{
 			name: "a partial sync",
@@ -157,7 +157,7 @@ func TestStatus(t *testing.T) {
 					s.LastSync, s.LastSuccess = syncTime.Add(time.Minute), syncTime.Add(time.Minute)
 				})).URL
 			},
-			wantOut: []string{"ago), partial, took 0.004s; 7 syncs, last full sync 2026-03-04T"},
+			wantOut: []string{"ago), partial, took 4ms; 7 syncs, last full sync 2026-03-04T"},
 		},
 		{
 			name: "no sync yet",
