@@ -298,7 +298,16 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		}
 	case len(res.failed) > 0:
 		metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
+		// A missing object (someone deleted our table or a chain) is drift: the model is
+		// wrong, and only a full read puts it right. Other rejections are the Service's
+		// own; the sync loop retries it.
 		b.needFull = false
+		for _, err := range res.failed {
+			var be batchError
+			if errors.As(err, &be) && be.errno == unix.ENOENT {
+				b.needFull = true
+			}
+		}
 	default:
 		b.needFull = false
 	}
