@@ -308,6 +308,7 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 		svcPort("ns/web", "10.96.0.10", 80, endpoints(pod1, pod2)),
 		svcPort("ns/dns", "10.96.0.53", 53, udp, endpoints("10.244.2.2:5353")),
 		svcPort("ns/self", "10.96.0.11", 80, endpoints(pod1)),
+		svcPort("ns/empty", "10.96.0.12", 80),
 	), model.Changes{Full: true})
 
 	seen := map[string]int{}
@@ -338,6 +339,8 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 	}
 	// Other ports of a Service address are refused, not answered by the node (KUBE-IPVS-FILTER).
 	expectBlocked(t, tp.client, netip.Addr{}, "10.96.0.10:22", true)
+	// A Service without endpoints is refused by IPVS itself (port unreachable).
+	expectBlocked(t, tp.client, netip.Addr{}, "10.96.0.12:80", true)
 }
 
 func TestKernelNodePortLoadBalancerAndExternalIP(t *testing.T) {
