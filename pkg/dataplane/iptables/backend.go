@@ -413,7 +413,9 @@ func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) erro
 	if v := b.logger.V(9); v.Enabled() {
 		v.Info("Running iptables-restore", "input", in.String())
 	}
+	start := time.Now()
 	err := b.tools.runRestore(ctx, in.buf.Bytes())
+	b.logger.V(4).Info("Ran iptables-restore", "lines", in.lines, "elapsed", time.Since(start), "ok", err == nil)
 	if err == nil {
 		for t, n := range in.rules {
 			b.stats.Rules[t] += n
@@ -451,7 +453,8 @@ func blame(in *restoreInput, err error) (lineOwner, string, bool) {
 	return in.ownerOf(re.lines[0]), in.tableOf(re.lines[0]), true
 }
 
-// isolation bounds the restores one sync spends finding the Services to blame: a few
+// isolation bounds the failed restores one sync accepts while finding the Services to
+// blame (restores that succeed are progress and cost nothing): a few
 // bisection rounds, plus a few more for each Service found guilty (each culprit needs its
 // own restores to be found). Every step makes progress, so this only guards against
 // spending minutes of a legacy lock on a failure that is not the Services' fault.
@@ -579,9 +582,6 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 			b.commitUnits(us, true, true)
 			continue
 		}
-		if err := iso.spend(); err != nil {
-			return false, err
-		}
 		rerr := b.restore(ctx, in, false)
 		if rerr == nil {
 			b.commitUnits(us, true, true)
@@ -590,6 +590,9 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 		var re *restoreError
 		if !errors.As(rerr, &re) {
 			return false, rerr
+		}
+		if err := iso.spend(); err != nil {
+			return false, err
 		}
 		if structural(rerr) {
 			return true, nil
@@ -730,9 +733,6 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 	var held []types.NamespacedName
 	undeletable := map[string]bool{}
 	for {
-		if err := iso.spend(); err != nil {
-			return err
-		}
 		p := &fullPlan{static: static, prestaged: prestaged, undeletable: undeletable, canary: true}
 		active := map[string]bool{}
 		for _, name := range cands {
@@ -788,6 +788,9 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 		var re *restoreError
 		if !errors.As(rerr, &re) || structural(rerr) {
 			return rerr
+		}
+		if err := iso.spend(); err != nil {
+			return err
 		}
 		owner, _, named := blame(in, rerr)
 		switch {
@@ -852,9 +855,6 @@ func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map
 		if len(batch) == 0 {
 			continue
 		}
-		if err := iso.spend(); err != nil {
-			return err
-		}
 		in := renderChainsOnly(batch)
 		rerr := b.restore(ctx, in, true)
 		if rerr == nil {
@@ -866,6 +866,9 @@ func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map
 		var re *restoreError
 		if !errors.As(rerr, &re) || structural(rerr) {
 			return rerr
+		}
+		if err := iso.spend(); err != nil {
+			return err
 		}
 		owner, _, named := blame(in, rerr)
 		switch {

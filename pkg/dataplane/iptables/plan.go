@@ -115,16 +115,18 @@ func (r *restoreInput) String() string { return r.buf.String() }
 // declLine returns the restore line that creates chain, or flushes it if it exists.
 func declLine(chain string) string { return ":" + chain + " - [0:0]" }
 
-// byNameDesc sorts chain declarations in reverse name order. Both libiptc (legacy) and
-// iptables-nft keep user chains in a sorted list and insert each new one by walking it
-// from the front; reverse order makes every insertion hit the front. On 110 000 new chains
-// this takes iptables-legacy-restore from 13 s to 11 s, and iptables-nft-restore's batches
-// three times faster (docs/benchmarks-iptables.md).
+// chainDecl is one chain declaration and the owner of its line.
 type chainDecl struct {
 	chain string
 	owner lineOwner
 }
 
+// writeDecls writes chain declarations in reverse name order. Both libiptc (legacy) and
+// iptables-nft keep user chains in a sorted list and insert each new one by walking it
+// from the front; reverse order makes every insertion hit the front. Against upstream's
+// (random) order this takes iptables-legacy-restore from 12.0 s to 9.2 s of CPU on 110 000
+// new chains, and iptables-nft-restore from 8.5 s to 2.6 s on 11 000
+// (docs/benchmarks-iptables.md).
 func writeDecls(r *restoreInput, decls []chainDecl) {
 	slices.SortFunc(decls, func(a, b chainDecl) int { return strings.Compare(b.chain, a.chain) })
 	for _, d := range decls {

@@ -1,0 +1,13 @@
+// Package iptables is sluice's iptables backend: it programs Services for one IP family
+// with the same chains, rules and comments as upstream kube-proxy's iptables mode, so that
+// a node can switch between the two in either direction with no leftover rule and no gap
+// in traffic.
+//
+// The rules come from a pure generator (render.go, plan.go) that turns the model into
+// iptables-restore text; a thin layer (restore.go, kernel.go) feeds it to
+// iptables-restore --noflush and uses go-iptables for the few rules in built-in chains.
+// Partial syncs rewrite only what changed, a Service whose rules the kernel refuses is left
+// out without holding the others back, and both iptables flavours (legacy and nft) are
+// supported, including rulesets iptables-nft cannot load in one piece. README.md explains
+// the layout and the theory.
+package iptables
