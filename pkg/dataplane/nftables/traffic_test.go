@@ -389,7 +389,7 @@ func TestCleanupLeavesNothing(t *testing.T) {
 func TestDeletedTableIsRebuilt(t *testing.T) {
 	tp, b, ns := trafficSetup(t, model.IPv4)
 	nft(t, "delete", "table", "ip", kubeProxyTable)
-	moveOneEndpoint(ns, nsName("t/cluster"), "10.180.0.2:80")
+	moveOneEndpoint(ns, nsName("t/cluster"), "10.180.0.3:80")
 	res := b.Apply(t.Context(), ns, changed("t/cluster"))
 	if res.Err == nil && len(res.Failed) == 0 {
 		t.Fatal("a sync on a deleted table succeeded")
@@ -398,7 +398,7 @@ func TestDeletedTableIsRebuilt(t *testing.T) {
 	if !b.LastStats().Full {
 		t.Fatal("the sync after a missing object was not a full one")
 	}
-	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil || r.pod != "pod-b" {
+	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil || r.pod == "pod-b" {
 		t.Fatalf("after the rebuild: %+v, %v", r, err)
 	}
 }
