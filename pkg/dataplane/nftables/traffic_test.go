@@ -5,12 +5,14 @@ package nftables
 import (
 	"errors"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -400,5 +402,35 @@ func TestDeletedTableIsRebuilt(t *testing.T) {
 	}
 	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil || r.pod == "pod-b" {
 		t.Fatalf("after the rebuild: %+v, %v", r, err)
+	}
+}
+
+// TestNodePortsOnEveryAddress: with nodePortAddresses "all", a NodePort answers on any
+// local address ("fib daddr type local"), but never on a loopback one.
+func TestNodePortsOnEveryAddress(t *testing.T) {
+	resetTable(t)
+	tp := newTopology(t, model.IPv4)
+	tp.addPod("pod-a", "10.180.0.1")
+	netnstestRun(t, "ip", "addr", "add", "192.168.0.3/24", "dev", "vc0")
+	cfg := testConfig(model.IPv4)
+	cfg.NodePortAddresses = dataplane.NodePortAddresses{MatchAll: true}
+	b := newTestBackend(t, cfg)
+	mustApply(t, b, nodeState(model.IPv4,
+		svc("t", "np", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints("10.180.0.1:80@local").build()),
+		model.Changes{Full: true})
+	for _, addr := range []string{"192.168.0.2", "192.168.0.3"} {
+		if r, err := tp.tcp(tp.client, netip.Addr{}, ap(addr, 30080), quick); err != nil || r.pod != "pod-a" {
+			t.Errorf("NodePort on %s: %+v, %v", addr, r, err)
+		}
+	}
+	if _, err := tp.tcp("", netip.Addr{}, ap("127.0.0.1", 30080), quick); err == nil {
+		t.Error("the NodePort answers on 127.0.0.1")
+	}
+}
+
+func netnstestRun(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}
 }
