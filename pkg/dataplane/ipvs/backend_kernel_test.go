@@ -774,3 +774,28 @@ func TestKernelIPv6(t *testing.T) {
 		t.Errorf("IPv6 sets missing:\n%s", out)
 	}
 }
+
+// TestKernelLegacyFlavour writes the rules with iptables-legacy (the VM's iptables is the nft
+// flavour): both must take the ruleset.
+func TestKernelLegacyFlavour(t *testing.T) {
+	tp := newTopology(t, 1)
+	if _, err := exec.LookPath("iptables-legacy-restore"); err != nil {
+		t.Skip("no iptables-legacy")
+	}
+	b, err := New(context.Background(), kernelConfig(), Settings{}, WithFlavour(FlavourLegacy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Flavour() != FlavourLegacy {
+		t.Fatalf("flavour %s", b.Flavour())
+	}
+	kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.10.10", 80, nodePort(30110), endpoints(pod1))), model.Changes{Full: true})
+	for _, to := range []string{"10.96.10.10:80", "203.0.113.1:30110"} {
+		if reply := mustFetch(t, tp.client, to); sourceSeen(reply) == kClient.String() {
+			t.Errorf("%s: not masqueraded with the legacy flavour's rules (%q)", to, reply)
+		}
+	}
+	if out := run(t, "iptables-legacy-save", "-t", "nat"); !strings.Contains(out, "KUBE-SERVICES") {
+		t.Errorf("rules not in the legacy tables:\n%s", out)
+	}
+}
