@@ -31,6 +31,9 @@ type Backend struct {
 	// failure whose effect on the kernel is not known.
 	needFull bool
 	lastFull time.Time
+	// leftoversPending is set until the first successful sync has removed the iptables
+	// and ipvs modes' leftovers.
+	leftoversPending bool
 
 	deleteChainsNow bool
 	localAddrs      func() ([]netip.Addr, error)
@@ -131,19 +134,30 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		skipValidation:  o.skipValidation,
 		recordPlan:      o.recordPlan,
 	}
-	if !o.skipLeftovers {
-		lctx := klog.NewContext(ctx, logger)
-		if err := cleanupIPTablesLeftovers(lctx, f, c); err != nil {
-			logger.Error(err, "Failed to remove iptables leftovers of kube-proxy")
-		}
-		if cfg.Family == model.IPv4 {
-			if err := cleanupIPVSLeftovers(lctx); err != nil {
-				logger.Error(err, "Failed to remove ipvs leftovers of kube-proxy")
-			}
-		}
-	}
+	// The other modes' rules keep forwarding until this table carries the Services:
+	// they are removed after the first successful sync, not here (no gap when a node
+	// moves from iptables or ipvs mode to nftables).
+	b.leftoversPending = !o.skipLeftovers
 	logger.V(2).Info("Using nftables", "kernel", kv.String(), "mark", markString(b.mark()))
 	return b, nil
+}
+
+// removeLeftovers deletes the iptables and ipvs modes' rules (kube-proxy's or sluice's).
+// Called once, after the first sync put this table in place. A failure is logged and not
+// retried: the leftovers are rules kube-proxy wrote for the same Services, so until an
+// operator runs `sluice --cleanup` they at worst send a new connection where the old
+// ruleset would have.
+func (b *Backend) removeLeftovers(ctx context.Context) {
+	b.leftoversPending = false
+	lctx := klog.NewContext(ctx, b.logger)
+	if err := cleanupIPTablesLeftovers(lctx, b.f, b.c); err != nil {
+		b.logger.Error(err, "Failed to remove iptables leftovers of kube-proxy")
+	}
+	if b.cfg.Family == model.IPv4 {
+		if err := cleanupIPVSLeftovers(lctx); err != nil {
+			b.logger.Error(err, "Failed to remove ipvs leftovers of kube-proxy")
+		}
+	}
 }
 
 // Close releases the netlink socket. The table stays.
@@ -313,6 +327,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	}
 	if full && out.Err == nil {
 		b.lastFull = start
+	}
+	if out.Err == nil && b.leftoversPending {
+		b.removeLeftovers(ctx)
 	}
 	b.logger.V(2).Info("Synced nftables", "full", full, "replaced", p.replace, "services", len(desired.Services),
 		"operations", b.stats.Operations, "batches", b.stats.Batches, "messages", b.stats.Messages,
