@@ -251,6 +251,16 @@ func (b *Backend) checkScheduler(scheduler string) error {
 	return nil
 }
 
+// Close releases the netlink sockets. What the backend programmed stays.
+func (b *Backend) Close() error {
+	for _, c := range []any{b.ipvs, b.links, b.sets} {
+		if c, ok := c.(interface{ close() }); ok {
+			c.close()
+		}
+	}
+	return nil
+}
+
 // Mode implements dataplane.Backend.
 func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeIPVS }
 

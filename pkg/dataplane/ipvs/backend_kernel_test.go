@@ -274,6 +274,7 @@ func newKernelBackend(t *testing.T, settings Settings) *Backend {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(func() { b.Close() })
 	return b
 }
 
