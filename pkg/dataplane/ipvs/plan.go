@@ -172,15 +172,6 @@ type plan struct {
 	draining map[vsKey]types.NamespacedName
 }
 
-// numOps counts every operation of the plan.
-func (p *plan) numOps() int {
-	n := len(p.setup) + len(p.adds) + len(p.deletes)
-	for _, s := range p.services {
-		n += len(s.ops)
-	}
-	return n
-}
-
 // makePlan computes the operations that take the kernel to the desired state of the
 // Services in scope, updating idx with their new records on the way.
 func makePlan(in *planInput, idx *desiredIndex) *plan {

@@ -197,7 +197,7 @@ func newKernelView() *kernelView {
 	}
 }
 
-// sortedAddrPorts returns the map's keys in order.
+// sortedAddrs returns the map's keys in order.
 func sortedAddrs(m map[netip.Addr]bool) []netip.Addr {
 	out := make([]netip.Addr, 0, len(m))
 	for a := range m {
