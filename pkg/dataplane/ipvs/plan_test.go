@@ -35,7 +35,7 @@ func TestPlanVSConvergesRealServers(t *testing.T) {
 		name:    "changed scheduler is updated in place",
 		desired: desiredVS{key: key, params: vsParams{Scheduler: "mh", Flags: flagSched2}, realServers: []netip.AddrPort{a}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}},
-		want:    []string{"update-vs 10.96.0.10:80/TCP mh flags 0x10"},
+		want: []string{"update-vs 10.96.0.10:80/TCP mh flags 0x10"},
 	}, {
 		name:    "removed TCP real server with connections drains at weight 0",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a}},
@@ -51,17 +51,17 @@ func TestPlanVSConvergesRealServers(t *testing.T) {
 		name:    "removed TCP real server without connections goes at once",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}, {Addr: b, Weight: 0}},
-		want:    []string{"delete-rs 10.96.0.10:80/TCP 10.244.2.3:8080"},
+		want: []string{"delete-rs 10.96.0.10:80/TCP 10.244.2.3:8080"},
 	}, {
 		name:    "removed UDP real server goes at once, connections or not",
 		desired: desiredVS{key: udpKey, params: rr, udpLike: true},
 		kernel:  &rr, dests: []realServer{{Addr: b, Weight: 1, Inactive: 3}},
-		want:    []string{"delete-rs 10.96.0.53:53/UDP 10.244.2.3:8080"},
+		want: []string{"delete-rs 10.96.0.53:53/UDP 10.244.2.3:8080"},
 	}, {
 		name:    "returning endpoint gets its weight back",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a, b}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}, {Addr: b, Weight: 0, Active: 2}},
-		want:    []string{"update-rs 10.96.0.10:80/TCP 10.244.2.3:8080 weight 1"},
+		want: []string{"update-rs 10.96.0.10:80/TCP 10.244.2.3:8080 weight 1"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
