@@ -12,7 +12,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+var update = flag.Bool("update", false, "rewrite the files in testdata from the current output")
 
 // golden compares got with testdata/name, or rewrites it with -update.
 func golden(t *testing.T, name string, got []byte) {
