@@ -433,10 +433,9 @@ func (s *Sandbox) Close() error {
 	if s == nil || s.tb == nil {
 		return nil
 	}
-	s.tb.runCleanups()
 	var errs []error
-	if s.tb.Failed() {
-		errs = append(errs, errors.New("errors while tearing down (see above)"))
+	if n := s.tb.runCleanups(); n > 0 {
+		errs = append(errs, fmt.Errorf("%d error(s) while tearing down (printed above)", n))
 	}
 	if err := os.RemoveAll(s.opts.RunDir); err != nil {
 		errs = append(errs, err)

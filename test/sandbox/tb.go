@@ -26,6 +26,9 @@ type runTB struct {
 	mu       sync.Mutex
 	cleanups []func()
 	failed   bool
+	// errors counts Error calls (not Fatal ones), so that a caller can tell whether the
+	// cleanups reported any.
+	errors int
 }
 
 // fatalError is what Fatal unwinds with; catch turns it back into an error.
@@ -48,6 +51,7 @@ func (t *runTB) Error(args ...any) { t.Errorf("%s", fmt.Sprint(args...)) }
 func (t *runTB) Errorf(f string, args ...any) {
 	t.mu.Lock()
 	t.failed = true
+	t.errors++
 	t.mu.Unlock()
 	t.warnf("error: "+f, args...)
 }
@@ -88,14 +92,18 @@ func (t *runTB) TempDir() string {
 }
 
 // runCleanups runs the Cleanup functions, newest first, as testing does. A panic in one
-// (a Fatal) is logged and the others still run.
-func (t *runTB) runCleanups() {
+// (a Fatal) is logged and the others still run. It returns how many errors they reported.
+func (t *runTB) runCleanups() int {
+	t.mu.Lock()
+	before := t.errors
+	t.mu.Unlock()
 	for {
 		t.mu.Lock()
 		n := len(t.cleanups)
 		if n == 0 {
+			errs := t.errors - before
 			t.mu.Unlock()
-			return
+			return errs
 		}
 		f := t.cleanups[n-1]
 		t.cleanups = t.cleanups[:n-1]
