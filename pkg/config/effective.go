@@ -58,7 +58,10 @@ type Effective struct {
 	SyncPeriod    time.Duration
 	MinSyncPeriod time.Duration
 	// MaxSyncInterval is the longest the sync loop waits when nothing changes: one hour
-	// in iptables and nftables modes, SyncPeriod in ipvs mode (as upstream's runners).
+	// in iptables mode and SyncPeriod in ipvs mode (as upstream's runners), and SyncPeriod
+	// in nftables mode, where upstream waits an hour: sluice's periodic nftables sync is a
+	// netlink read of the table that repairs drift (an element or chain removed by hand)
+	// within syncPeriod, and costs nothing in the kernel when there is none.
 	MaxSyncInterval time.Duration
 
 	// MasqueradeBit is nftables.masqueradeBit in nftables mode and iptables.masqueradeBit
@@ -188,6 +191,7 @@ func NewEffective(cfg *v1alpha1.KubeProxyConfiguration, nodeName string) (*Effec
 	case dataplane.ModeNFTables:
 		e.MasqueradeBit = int(ptr.Deref(cfg.NFTables.MasqueradeBit, DefaultMasqueradeBit))
 		e.MasqueradeAll = cfg.NFTables.MasqueradeAll
+		e.MaxSyncInterval = syncPeriod
 	case dataplane.ModeIPVS:
 		e.MaxSyncInterval = syncPeriod
 	}

@@ -203,7 +203,7 @@ func TestEffectiveTakesTheActiveModesSection(t *testing.T) {
 		masqueradeAll, local bool
 	}{
 		{"iptables", 11 * time.Second, 1 * time.Second, time.Hour, 11, false, true},
-		{"nftables", 22 * time.Second, 2 * time.Second, time.Hour, 22, true, false},
+		{"nftables", 22 * time.Second, 2 * time.Second, 22 * time.Second, 22, true, false},
 		{"ipvs", 33 * time.Second, 3 * time.Second, 33 * time.Second, 11, false, false},
 	}
 	for _, tt := range tests {
