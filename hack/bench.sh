@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Runs sluice's benchmarks (what `make bench` runs, after `make build`):
+#
+#   1. the backends' Go benchmarks against the real kernel:
+#        go test -tags kernel -run '^$' -bench . ./pkg/dataplane/...
+#      (each package's test binary re-executes itself in a private network namespace);
+#   2. hack/scale: sluice against upstream kube-proxy end to end, on one control plane and
+#      one dataset, 10 000 Services x 10 endpoints by default (about half an hour on 2 cores).
+#
+# Needs root. Not part of `make test`. Upstream kube-proxy $KUBE_VERSION is built once from
+# the Go module proxy, the way hack/test-conformance.sh REFERENCE=1 builds it, and cached in
+# $SLUICE_CACHE/bin (default ~/.cache/sluice/bin), so both are measured on this machine.
+#
+# Environment:
+#   QUICK=1          hack/scale at 1 000 Services (CI-sized, a few minutes)
+#   SCALE_ARGS       more hack/scale flags, e.g. "-modes nftables -repeat 3" (go run ./hack/scale -h)
+#   SKIP_GO_BENCH=1  skip the Go benchmarks;  SKIP_SCALE=1  skip hack/scale
+#   BENCH            -bench pattern of the Go benchmarks (default .)
+#   BENCHTIME        their -benchtime (default 1x: one iteration at 10 000 Services takes seconds)
+#   BENCH_PKGS       their packages (default ./pkg/dataplane/...)
+#   OUT              output directory (default _output/bench/<time>): go-bench.txt, scale/
+#   SLUICE_BIN, SLUICE_ECHOSERVER   binaries under test (default bin/sluice, bin/echoserver)
+#   KUBE_PROXY       upstream kube-proxy to compare with (default: the cached build)
+#
+# Usage: hack/bench.sh                 (what `make bench` runs)
+#        QUICK=1 SKIP_GO_BENCH=1 hack/bench.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "bench: $*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+  log "needs root (network namespaces, netfilter)"
+  exit 1
+fi
+
+OUT="${OUT:-_output/bench/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT" || exit 1
+
+# upstream_kube_proxy prints the path of upstream kube-proxy, building and caching it first
+# if needed: k8s.io/kubernetes cannot be required as it is (its go.mod points the staging
+# modules at ./staging), so a throwaway module requires it and replaces each staging module
+# with its published v0.x release of the same minor.
+upstream_kube_proxy() {
+  local version="${KUBE_VERSION:-v1.37.2}"
+  local bin="${SLUICE_CACHE:-${HOME}/.cache/sluice}/bin/kube-proxy-${version}"
+  if [ -x "$bin" ]; then
+    echo "$bin"
+    return 0
+  fi
+  log "building upstream kube-proxy ${version} from the Go module proxy (first run only, a few minutes)"
+  local work
+  work="$(mktemp -d)"
+  (
+    set -e
+    cd "$work"
+    export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
+    go mod init sluice.local/kube-proxy-bench >/dev/null 2>&1
+    gomod="$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+    staging="v0.${version#v1.}"
+    args=(-require "k8s.io/kubernetes@${version}")
+    for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
+      args+=(-replace "${m}=${m}@${staging}")
+    done
+    go mod edit "${args[@]}"
+    printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-proxy"\n' > tools.go
+    go mod tidy >/dev/null
+    mkdir -p "$(dirname "$bin")"
+    go build -trimpath -ldflags "-s -w" -o "${bin}.tmp.$$" k8s.io/kubernetes/cmd/kube-proxy
+    mv "${bin}.tmp.$$" "$bin"
+  ) >&2
+  local rc=$?
+  rm -rf "$work"
+  [ "$rc" = 0 ] && echo "$bin"
+  return "$rc"
+}
+
+failed=0
+
+if [ "${SKIP_GO_BENCH:-}" != 1 ]; then
+  log "=== Go benchmarks of the backends (${BENCH_PKGS:-./pkg/dataplane/...}), output in $OUT/go-bench.txt"
+  # shellcheck disable=SC2086
+  go test -tags kernel -run '^$' -bench "${BENCH:-.}" -benchtime "${BENCHTIME:-1x}" -benchmem -timeout 2h \
+    ${BENCH_PKGS:-./pkg/dataplane/...} 2>&1 | tee "$OUT/go-bench.txt"
+  [ "${PIPESTATUS[0]}" = 0 ] || { log "Go benchmarks failed"; failed=1; }
+fi
+
+if [ "${SKIP_SCALE:-}" != 1 ]; then
+  if [ -z "${KUBE_PROXY:-}" ]; then
+    KUBE_PROXY="$(upstream_kube_proxy)" || { log "building upstream kube-proxy failed"; exit 1; }
+  fi
+  export KUBE_PROXY
+  export SLUICE_BIN="${SLUICE_BIN:-$PWD/bin/sluice}" SLUICE_ECHOSERVER="${SLUICE_ECHOSERVER:-$PWD/bin/echoserver}"
+  for b in "$SLUICE_BIN" "$SLUICE_ECHOSERVER"; do
+    [ -x "$b" ] || { log "$b is missing: run make build (or make bench)"; exit 1; }
+  done
+  args=(-out "$OUT/scale")
+  [ "${QUICK:-}" = 1 ] && args+=(-services 1000)
+  log "=== hack/scale ${args[*]} ${SCALE_ARGS:-}"
+  # shellcheck disable=SC2086
+  go run ./hack/scale "${args[@]}" ${SCALE_ARGS:-} || { log "hack/scale failed"; failed=1; }
+fi
+
+log "results in $OUT"
+exit "$failed"

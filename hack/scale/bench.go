@@ -1,0 +1,498 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sluiceproxy/sluice/test/echoserver/echo"
+	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/topology"
+)
+
+// apiAddress is where kube-apiserver listens: an address on the loopback of this
+// program's private namespace. Each run's node reaches it through its topology's bridge
+// (a route added in the node), so one control plane serves every run.
+var apiAddress = netip.MustParseAddr("169.254.250.1")
+
+// bench is one invocation: the control plane, the dataset and the results so far.
+type bench struct {
+	o      *options
+	cp     *controlplane.ControlPlane
+	kube   kubernetes.Interface
+	data   *dataset
+	report *Report
+	seq    int
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s scale: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// inside runs the benchmark; the process is in its private network namespace.
+func inside(o *options) int {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	b := &bench{o: o, report: newReport(o)}
+	err := b.run(ctx)
+	b.report.Finished = time.Now()
+	b.report.LoadAvgEnd = loadAvg()
+	b.report.summarise()
+	if werr := b.report.writeJSON(o.jsonPath); werr != nil {
+		logf("writing %s: %v", o.jsonPath, werr)
+	}
+	b.report.printTable(os.Stdout)
+	fmt.Printf("\nresults: %s\nlogs:    %s\n", o.jsonPath, filepath.Join(o.outDir, "logs"))
+	if b.cp != nil {
+		if err := b.cp.Stop(); err != nil {
+			logf("stopping the control plane: %v", err)
+		}
+	}
+	if err != nil {
+		logf("%v", err)
+		return 1
+	}
+	return 0
+}
+
+func (b *bench) run(ctx context.Context) error {
+	o := b.o
+	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"addr", "add", apiAddress.String() + "/32", "dev", "lo"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	if err := topology.Teardown(); err != nil {
+		logf("removing leftovers of earlier topology runs: %v", err)
+	}
+	logf("starting etcd and kube-apiserver on %s", apiAddress)
+	cp, err := controlplane.Start(ctx, controlplane.Options{
+		BindAddress: apiAddress.String(),
+		LogDir:      filepath.Join(o.outDir, "logs", "controlplane"),
+	})
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	b.cp = cp
+	cfg := cp.AdminRESTConfig()
+	cfg.QPS, cfg.Burst = 5000, 10000
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	if b.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	b.data = &dataset{kube: b.kube, endpoints: o.endpoints, workers: o.createWorkers, logf: logf}
+	if err := b.data.setup(ctx); err != nil {
+		return err
+	}
+	logf("sentinel Service %s/%s at %s", sentinelNamespace, sentinelName, b.data.SentinelAddr())
+
+	all := runSpecs(o.proxies, o.modes, o.skip)
+	if len(all) == 0 {
+		return errors.New("nothing to run: -proxies x -modes minus -skip is empty")
+	}
+	for _, size := range b.sizes() {
+		specs := all
+		if size != o.services {
+			specs = slices.DeleteFunc(slices.Clone(all), func(r runSpec) bool { return !slices.Contains(o.smallRuns, r.String()) })
+			if len(specs) == 0 {
+				continue
+			}
+		}
+		took, err := b.data.grow(ctx, size)
+		if err != nil {
+			return fmt.Errorf("writing the dataset: %w", err)
+		}
+		if took > 0 {
+			logf("dataset: %d Services x %d endpoints (+ sentinel) written in %.1fs", size, o.endpoints, took.Seconds())
+			b.report.Datasets = append(b.report.Datasets, DatasetStep{Services: size, Endpoints: o.endpoints, WriteSeconds: took.Seconds()})
+		}
+		for rep := 1; rep <= o.repeat; rep++ {
+			for _, r := range specs {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				res := b.measure(ctx, r, size, rep)
+				b.report.Runs = append(b.report.Runs, res)
+				logf("%s", res.oneLine())
+				// A partial report survives an interrupted run.
+				_ = b.report.writeJSON(o.jsonPath)
+			}
+		}
+	}
+	return nil
+}
+
+// sizes are the dataset sizes in the order they are written: the small sizes below
+// -services, then -services.
+func (b *bench) sizes() []int {
+	var out []int
+	for _, s := range b.o.smallSizes {
+		if s < b.o.services && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	slices.Sort(out)
+	return append(out, b.o.services)
+}
+
+// measure runs one proxy on a fresh node and measures it. A failure is recorded in the
+// result, never fatal to the benchmark.
+func (b *bench) measure(ctx context.Context, r runSpec, size, rep int) RunResult {
+	b.seq++
+	res := RunResult{Proxy: r.Proxy, Mode: r.Mode, Services: size, Endpoints: b.o.endpoints, Repeat: rep,
+		Started: time.Now(), LoadAvgStart: loadAvg()}
+	name := fmt.Sprintf("%02d-%s-%s-%d", b.seq, r.Proxy, r.Mode, size)
+	logf("=== run %s", name)
+	tb := newProgramTB(ctx, name, logf)
+	err := catchFatal(func() {
+		if err := b.measureOn(ctx, tb, r, name, &res); err != nil {
+			res.Error = err.Error()
+		}
+	})
+	if err != nil {
+		res.Error = err.Error()
+	}
+	tb.close()
+	res.LoadAvgEnd = loadAvg()
+	return res
+}
+
+func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name string, res *RunResult) error {
+	o := b.o
+	// Ends the helpers of this run (metrics watcher, profiles) when it returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	logDir := filepath.Join(o.outDir, "logs", name)
+	topo := topology.New(tb, topology.Options{Nodes: 1, PodsPerNode: 3, LogDir: logDir})
+	node := topo.Nodes[0]
+	client, podA, podB := node.Pods[0], node.Pods[1], node.Pods[2]
+	if err := exec.Command("ip", "-n", node.NetNS, "route", "add", apiAddress.String()+"/32", "via", topo.APIPrefix.Addr().String()).Run(); err != nil {
+		return fmt.Errorf("route to the apiserver in %s: %w", node.NetNS, err)
+	}
+	nodeName := fmt.Sprintf("scale-node-%02d", b.seq)
+	res.Node = nodeName
+	if err := b.registerNode(ctx, nodeName, node); err != nil {
+		return err
+	}
+	tb.Cleanup(func() {
+		_ = b.kube.CoreV1().Nodes().Delete(context.Background(), nodeName, metav1.DeleteOptions{})
+	})
+	topo.StartEcho(tb, topology.EchoOptions{Binary: o.echoServer, Ports: []uint16{echoPort}, Protocols: []echo.Protocol{echo.TCP}})
+	if err := b.data.pointSentinel(ctx, podA.IPv4, nodeName); err != nil {
+		return err
+	}
+	sentinel := b.data.SentinelAddr()
+	if out := client.Probe(echo.TCP, sentinel, echo.ProbeOptions{Timeout: 300 * time.Millisecond}); out.Result == echo.Answered {
+		return fmt.Errorf("the sentinel answers before any proxy runs (%s): the node is not fresh", out)
+	}
+
+	// The proxy.
+	cfgPath := filepath.Join(logDir, "proxy.yaml")
+	if err := os.WriteFile(cfgPath, []byte(proxyConfig(r.configMode(), nodeName, b.cp.ProxyKubeconfig(), o.proxyV)), 0o644); err != nil {
+		return err
+	}
+	path, err := flavourPATH(filepath.Join(o.outDir, "bin"), r)
+	if err != nil {
+		return err
+	}
+	bin := o.sluiceBin
+	if r.Proxy == proxyUpstream {
+		bin = o.kubeProxyBin
+	}
+	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(node.APIAddress, metricsPort))
+	metricsURL := base + "/metrics"
+	start := time.Now()
+	proc, err := node.Start("proxy", "/usr/bin/env", "PATH="+path, bin,
+		"--config", cfgPath, "--hostname-override", nodeName, "--kubeconfig", b.cp.ProxyKubeconfig())
+	if err != nil {
+		return err
+	}
+	res.LogPath = proc.LogPath
+	defer proc.Stop()
+	pid := proc.Pid()
+	exited := func() error {
+		if done, err := proc.Exited(); done {
+			return fmt.Errorf("the proxy exited (%v); last lines of %s:\n%s", err, proc.LogPath, proc.Tail(30))
+		}
+		return nil
+	}
+	helpers := startHelperSampler(pid, 100*time.Millisecond)
+	defer helpers.Stop()
+
+	var (
+		profiles sync.WaitGroup
+		profMu   sync.Mutex
+	)
+	addProfile := func(p string) {
+		profMu.Lock()
+		res.Profiles = append(res.Profiles, p)
+		profMu.Unlock()
+	}
+	defer profiles.Wait()
+	if o.profile && r.Proxy == proxySluice {
+		profiles.Add(1)
+		go func() {
+			defer profiles.Done()
+			// The metrics server comes up before the first sync starts.
+			for time.Since(start) < o.coldTimeout {
+				if _, err := scrape(ctx, metricsURL); err == nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			p := filepath.Join(o.outDir, name+".cold.cpu.pprof")
+			if err := fetch(ctx, base+"/debug/pprof/profile?seconds=30", p, 40*time.Second); err != nil {
+				logf("cold CPU profile: %v", err)
+				return
+			}
+			addProfile(p)
+		}()
+	}
+	firstSync := watchFirstSync(ctx, metricsURL, start, o.coldTimeout)
+
+	// Cold start.
+	cold := &ColdResult{}
+	res.Cold = cold
+	at, probes, err := waitAnswer(ctx, client, sentinel, podA.Name, o.probeInterval, o.coldTimeout, exited)
+	cold.Probes = probes
+	if err != nil {
+		if cpu, cerr := cpuSeconds(pid); cerr == nil {
+			cold.CPUSeconds = cpu
+		}
+		res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
+		res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
+		if errors.Is(err, context.DeadlineExceeded) {
+			cold.TimedOut = true
+			return fmt.Errorf("cold start: the sentinel did not answer within %s; last lines of %s:\n%s", o.coldTimeout, proc.LogPath, proc.Tail(15))
+		}
+		return fmt.Errorf("cold start: %w", err)
+	}
+	cold.SentinelSeconds = at.Sub(start).Seconds()
+	if cpu, err := cpuSeconds(pid); err == nil {
+		cold.CPUSeconds = cpu
+	}
+	cold.RSSBytesAtReady, _ = statusBytes(pid, "VmRSS")
+	logf("%s: sentinel answered after %.2fs", name, cold.SentinelSeconds)
+	if fs := <-firstSync; fs.err != nil {
+		cold.Note = fs.err.Error()
+	} else {
+		cold.FirstSyncSeconds = fs.at.Sub(start).Seconds()
+		cold.FirstSyncOwnSeconds = fs.hist.Sum
+		cold.FirstSyncCount = int(fs.hist.Count)
+	}
+	if m, err := scrape(ctx, metricsURL); err == nil {
+		if v, ok := m.sum(metricServicesFailed, ipv4); ok {
+			failed := int(v)
+			res.ServicesFailed = &failed
+		}
+	}
+	if o.profile && r.Proxy == proxySluice {
+		p := filepath.Join(o.outDir, name+".after-cold.heap.pprof")
+		if err := fetch(ctx, base+"/debug/pprof/heap?gc=1", p, 30*time.Second); err == nil {
+			addProfile(p)
+		}
+	}
+
+	// One endpoint change, repeated.
+	current, other := podA, podB
+	for i := 0; i < o.changes; i++ {
+		if err := sleepCtx(ctx, o.changeGap); err != nil {
+			return err
+		}
+		ch, err := b.moveSentinel(ctx, client, current, other, nodeName, metricsURL, exited)
+		res.Changes = append(res.Changes, ch)
+		if err != nil {
+			return fmt.Errorf("endpoint change %d: %w", i+1, err)
+		}
+		current, other = other, current
+	}
+	if current != podA {
+		if err := sleepCtx(ctx, o.changeGap); err != nil {
+			return err
+		}
+		if _, err := b.moveSentinel(ctx, client, current, podA, nodeName, metricsURL, exited); err != nil {
+			return fmt.Errorf("moving the sentinel back: %w", err)
+		}
+	}
+
+	// First packet.
+	if o.firstPacketSamples > 0 {
+		via, direct, failures, err := firstPacketSamples(client, sentinel, netip.AddrPortFrom(podA.IPv4, echoPort), o.firstPacketSamples)
+		if err != nil {
+			return fmt.Errorf("first-packet latency: %w", err)
+		}
+		res.FirstPacket = &FirstPacketResult{ClusterIP: distributionOf(via), Direct: distributionOf(direct), Failures: failures}
+	}
+
+	// Memory, CPU, ruleset.
+	res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
+	res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
+	if cpu, err := cpuSeconds(pid); err == nil {
+		res.CPUSeconds = cpu
+	}
+	if o.profile && r.Proxy == proxySluice {
+		p := filepath.Join(o.outDir, name+".end.heap.pprof")
+		if err := fetch(ctx, base+"/debug/pprof/heap", p, 30*time.Second); err == nil {
+			addProfile(p)
+		}
+	}
+	size := listRuleset(ctx, node.NetNS, r, o.listTimeout)
+	res.Ruleset = &size
+	return exited()
+}
+
+// moveSentinel moves the sentinel's endpoint from one pod to the other and measures until
+// traffic follows, and the proxy's own sync time for it.
+func (b *bench) moveSentinel(ctx context.Context, client, from, to *topology.Pod, nodeName, metricsURL string, exited func() error) (ChangeResult, error) {
+	ch := ChangeResult{From: from.Name, To: to.Name}
+	before, err := scrape(ctx, metricsURL)
+	if err != nil {
+		return ch, err
+	}
+	hBefore := before.histogram(metricSyncDuration)
+	pBefore := before.histogram(metricSyncPartialDuration)
+	start := time.Now()
+	if err := b.data.pointSentinel(ctx, to.IPv4, nodeName); err != nil {
+		return ch, err
+	}
+	ch.APIWriteSeconds = time.Since(start).Seconds()
+	at, _, err := waitAnswer(ctx, client, b.data.SentinelAddr(), to.Name, b.o.changeProbeInterval, time.Minute, exited)
+	if err != nil {
+		ch.TimedOut = errors.Is(err, context.DeadlineExceeded)
+		return ch, err
+	}
+	ch.VisibleSeconds = at.Sub(start).Seconds()
+	// The sync is observed just after the rules are written; wait for it to show.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		after, err := scrape(ctx, metricsURL)
+		if err != nil {
+			return ch, err
+		}
+		d := after.histogram(metricSyncDuration).minus(hBefore)
+		if d.Count >= 1 || time.Now().After(deadline) {
+			ch.SyncSeconds = d.mean()
+			ch.SyncCount = int(d.Count)
+			p := after.histogram(metricSyncPartialDuration).minus(pBefore)
+			ch.PartialSyncCount = int(p.Count)
+			break
+		}
+		if err := sleepCtx(ctx, 50*time.Millisecond); err != nil {
+			return ch, err
+		}
+	}
+	return ch, nil
+}
+
+// registerNode creates the Node object the proxy runs as, as kubelet would: InternalIP
+// the node's underlay address, podCIDR from the topology, Ready.
+func (b *bench) registerNode(ctx context.Context, name string, n *topology.Node) error {
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}},
+		Spec:       corev1.NodeSpec{PodCIDR: n.PodCIDRs[0].String(), PodCIDRs: []string{n.PodCIDRs[0].String()}},
+	}
+	created, err := b.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating Node %s: %w", name, err)
+	}
+	created.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: n.IPv4.String()},
+		{Type: corev1.NodeHostName, Address: name},
+	}
+	created.Status.Conditions = []corev1.NodeCondition{{
+		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "ScaleBenchmark",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
+	}}
+	if _, err := b.kube.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("setting Node %s status: %w", name, err)
+	}
+	return nil
+}
+
+// firstSync is when the proxy's first sync showed in its metrics.
+type firstSync struct {
+	at   time.Time
+	hist histogram
+	err  error
+}
+
+// watchFirstSync scrapes the proxy's metrics every 100ms until its sync histogram has an
+// observation, and sends the time it was first seen: the proxy's own "everything
+// programmed", which may come after the sentinel answers if the proxy writes Services in
+// several transactions.
+func watchFirstSync(ctx context.Context, url string, start time.Time, timeout time.Duration) <-chan firstSync {
+	ch := make(chan firstSync, 1)
+	go func() {
+		for {
+			if m, err := scrape(ctx, url); err == nil {
+				if h := m.histogram(metricSyncDuration); h.Count >= 1 {
+					ch <- firstSync{at: time.Now(), hist: h}
+					return
+				}
+			}
+			if time.Since(start) > timeout {
+				ch <- firstSync{err: fmt.Errorf("no sync in the proxy's metrics within %s", timeout)}
+				return
+			}
+			if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+				ch <- firstSync{err: err}
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// fetch saves url to path.
+func fetch(ctx context.Context, url, path string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

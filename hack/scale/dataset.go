@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+const (
+	// datasetNamespace holds the bulk Services; the sentinel has a namespace of its own
+	// that sorts after it, so that a proxy programming Services in name order reaches the
+	// sentinel last.
+	datasetNamespace  = "scale"
+	sentinelNamespace = "zz-scale-sentinel"
+	sentinelName      = "sentinel"
+	// servicePort is every Service's port; echoPort the echo servers' (the targetPort).
+	servicePort = 80
+	echoPort    = 8080
+)
+
+// fakeEndpointBase is the first address of the bulk Services' endpoints (100.64.0.0/10,
+// shared address space): routed nowhere, overlapping no pod or Service range.
+var fakeEndpointBase = netip.MustParseAddr("100.64.0.1")
+
+// dataset writes the Services and EndpointSlices every proxy in the run reads.
+type dataset struct {
+	kube      kubernetes.Interface
+	endpoints int
+	workers   int
+	logf      func(string, ...any)
+
+	// bulk is the number of bulk Services written so far.
+	bulk     int
+	sentinel *corev1.Service
+}
+
+// setup creates the namespaces and the sentinel Service (its EndpointSlice comes with the
+// first pointSentinel).
+func (d *dataset) setup(ctx context.Context) error {
+	for _, ns := range []string{datasetNamespace, sentinelNamespace} {
+		_, err := d.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating namespace %s: %w", ns, err)
+		}
+	}
+	svc, err := d.kube.CoreV1().Services(sentinelNamespace).Create(ctx, service(sentinelNamespace, sentinelName), metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating the sentinel Service: %w", err)
+	}
+	d.sentinel = svc
+	return nil
+}
+
+// SentinelAddr is the sentinel's ClusterIP and port.
+func (d *dataset) SentinelAddr() netip.AddrPort {
+	return netip.AddrPortFrom(netip.MustParseAddr(d.sentinel.Spec.ClusterIP), servicePort)
+}
+
+func service(ns, name string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP,
+			Ports: []corev1.ServicePort{{
+				Name: "http", Protocol: corev1.ProtocolTCP, Port: servicePort, TargetPort: intstr.FromInt32(echoPort),
+			}},
+		},
+	}
+}
+
+func slice(ns, svcName string, eps []discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: ns, Name: svcName + "-scale",
+			Labels: map[string]string{
+				discoveryv1.LabelServiceName: svcName,
+				discoveryv1.LabelManagedBy:   "scale.sluice.local",
+			},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   eps,
+		Ports: []discoveryv1.EndpointPort{{
+			Name: ptr.To("http"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](echoPort),
+		}},
+	}
+}
+
+func readyEndpoint(ip netip.Addr, node string) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{
+		Addresses:  []string{ip.String()},
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+		NodeName:   ptr.To(node),
+	}
+}
+
+// fakeEndpoint is the address of endpoint j of bulk Service i.
+func fakeEndpoint(i, j, perService int) netip.Addr {
+	b := fakeEndpointBase.As4()
+	n := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	n += uint32(i*perService + j)
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+}
+
+// bulkName is the name of bulk Service i.
+func bulkName(i int) string { return fmt.Sprintf("svc-%05d", i) }
+
+// grow writes bulk Services (and one EndpointSlice each) until there are n, with d.workers
+// requests in flight. It returns how long that took. An object that exists already (a
+// retried request that had succeeded) counts as written.
+func (d *dataset) grow(ctx context.Context, n int) (time.Duration, error) {
+	if n <= d.bulk {
+		return 0, nil
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	jobs := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		done     atomic.Int64
+		errOnce  sync.Once
+		firstErr error
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err; cancel() })
+	}
+	for range d.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				if err := d.writeBulk(ctx, i); err != nil {
+					fail(err)
+					return
+				}
+				if c := done.Add(1); c%2000 == 0 {
+					d.logf("dataset: %d/%d Services written (%.0f/s)", d.bulk+int(c), n, float64(c)/time.Since(start).Seconds())
+				}
+			}
+		}()
+	}
+feed:
+	for i := d.bulk; i < n; i++ {
+		select {
+		case jobs <- i:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		return time.Since(start), firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return time.Since(start), err
+	}
+	d.bulk = n
+	return time.Since(start), nil
+}
+
+func (d *dataset) writeBulk(ctx context.Context, i int) error {
+	name := bulkName(i)
+	err := retry(ctx, func() error {
+		_, err := d.kube.CoreV1().Services(datasetNamespace).Create(ctx, service(datasetNamespace, name), metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("creating Service %s: %w", name, err)
+	}
+	eps := make([]discoveryv1.Endpoint, d.endpoints)
+	for j := range eps {
+		eps[j] = readyEndpoint(fakeEndpoint(i, j, d.endpoints), fmt.Sprintf("fake-node-%d", (i+j)%100))
+	}
+	err = retry(ctx, func() error {
+		_, err := d.kube.DiscoveryV1().EndpointSlices(datasetNamespace).Create(ctx, slice(datasetNamespace, name, eps), metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("creating EndpointSlice of %s: %w", name, err)
+	}
+	return nil
+}
+
+// retry retries f on errors a busy apiserver returns (throttling, timeouts, conflicts),
+// with a growing pause, a few times.
+func retry(ctx context.Context, f func() error) error {
+	pause := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		transient := apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+			apierrors.IsConflict(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
+		if !transient || attempt == 8 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pause):
+		}
+		pause *= 2
+	}
+}
+
+// pointSentinel makes pod (on node) the sentinel's only endpoint, creating its
+// EndpointSlice the first time and patching it afterwards (a merge patch replaces the
+// endpoint list in one request).
+func (d *dataset) pointSentinel(ctx context.Context, pod netip.Addr, node string) error {
+	eps := []discoveryv1.Endpoint{readyEndpoint(pod, node)}
+	slices := d.kube.DiscoveryV1().EndpointSlices(sentinelNamespace)
+	name := sentinelName + "-scale"
+	patch, err := json.Marshal(map[string]any{"endpoints": eps})
+	if err != nil {
+		return err
+	}
+	_, err = slices.Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = slices.Create(ctx, slice(sentinelNamespace, sentinelName, eps), metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("pointing the sentinel at %s: %w", pod, err)
+	}
+	return nil
+}

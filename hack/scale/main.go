@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+)
+
+// envInNetns marks the re-executed process, already inside its private network namespace.
+const envInNetns = "SLUICE_SCALE_IN_NETNS"
+
+// options are the command line.
+type options struct {
+	services   int
+	endpoints  int
+	smallSizes []int
+	proxies    []string
+	modes      []string
+	skip       []string
+	smallRuns  []string
+	repeat     int
+
+	changes             int
+	changeGap           time.Duration
+	probeInterval       time.Duration
+	changeProbeInterval time.Duration
+	firstPacketSamples  int
+	coldTimeout         time.Duration
+	listTimeout         time.Duration
+	createWorkers       int
+
+	sluiceBin    string
+	kubeProxyBin string
+	echoServer   string
+	outDir       string
+	jsonPath     string
+	profile      bool
+	proxyV       int
+}
+
+func defaultKubeProxy() string {
+	if p := os.Getenv("KUBE_PROXY"); p != "" {
+		return p
+	}
+	cache := os.Getenv("SLUICE_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "sluice")
+	}
+	return filepath.Join(cache, "bin", "kube-proxy-v1.37.2")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("scale", flag.ContinueOnError)
+	fs.IntVar(&o.services, "services", 10000, "number of ClusterIP Services (plus the sentinel) at the largest size; every run is measured here")
+	fs.IntVar(&o.endpoints, "endpoints", 10, "endpoints in each Service's EndpointSlice")
+	smallSizes := fs.String("small-sizes", "100,1000", "smaller sizes measured first, for -small-runs only (those at or above -services are ignored)")
+	proxies := fs.String("proxies", "sluice,kube-proxy", "proxies to measure: sluice, kube-proxy")
+	modes := fs.String("modes", "nftables,iptables-legacy,iptables-nft", "modes to measure: nftables, iptables-legacy, iptables-nft")
+	skip := fs.String("skip", "kube-proxy/iptables-nft", "proxy/mode pairs not to run (upstream does not finish a cold start on iptables-nft at 10 000 Services, see baseline.md)")
+	smallRuns := fs.String("small-runs", "sluice/nftables,kube-proxy/nftables", "proxy/mode pairs measured at -small-sizes too")
+	fs.IntVar(&o.repeat, "repeat", 1, "measure each proxy/mode this many times (each on a fresh node); the table shows medians")
+	fs.IntVar(&o.changes, "changes", 5, "endpoint moves per run (the table shows the median)")
+	fs.DurationVar(&o.changeGap, "change-gap", 3*time.Second, "pause before each endpoint move (longer than minSyncPeriod, 1s by default, so the move is not rate-limited)")
+	fs.DurationVar(&o.probeInterval, "probe-interval", 50*time.Millisecond, "interval between probes while waiting for a cold start")
+	fs.DurationVar(&o.changeProbeInterval, "change-probe-interval", 20*time.Millisecond, "interval between probes while waiting for an endpoint move")
+	fs.IntVar(&o.firstPacketSamples, "first-packet-samples", 1000, "connects to the ClusterIP (and as many straight to the pod) per run")
+	fs.DurationVar(&o.coldTimeout, "cold-timeout", 5*time.Minute, "give up a cold start after this long (the run is reported as timed out)")
+	fs.DurationVar(&o.listTimeout, "list-timeout", 3*time.Minute, "give up listing a ruleset (nft list ruleset, iptables-save) after this long")
+	fs.IntVar(&o.createWorkers, "create-workers", 64, "concurrent requests writing the dataset")
+	fs.StringVar(&o.sluiceBin, "sluice", envOr("SLUICE_BIN", "bin/sluice"), "sluice binary ($SLUICE_BIN)")
+	fs.StringVar(&o.kubeProxyBin, "kube-proxy", defaultKubeProxy(), "upstream kube-proxy binary ($KUBE_PROXY; hack/bench.sh builds it)")
+	fs.StringVar(&o.echoServer, "echoserver", envOr("SLUICE_ECHOSERVER", "bin/echoserver"), "echo server binary ($SLUICE_ECHOSERVER; `make build` builds it)")
+	fs.StringVar(&o.outDir, "out", "", "directory for logs, profiles and results (default _output/scale/<time>)")
+	fs.StringVar(&o.jsonPath, "json", "", "results as JSON (default <out>/results.json)")
+	fs.BoolVar(&o.profile, "profile", false, "for sluice runs, take a CPU profile of the cold start and heap profiles (/debug/pprof, enableProfiling) into <out>; profiling costs a little CPU, so do it in a run of its own")
+	fs.IntVar(&o.proxyV, "proxy-v", 0, "log verbosity of the proxies (0 is upstream's default)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	var err error
+	if o.smallSizes, err = parseInts(*smallSizes); err != nil {
+		return nil, fmt.Errorf("-small-sizes: %w", err)
+	}
+	o.proxies, o.modes, o.skip, o.smallRuns = splitList(*proxies), splitList(*modes), splitList(*skip), splitList(*smallRuns)
+	for _, p := range o.proxies {
+		if p != proxySluice && p != proxyUpstream {
+			return nil, fmt.Errorf("-proxies: unknown proxy %q (want sluice, kube-proxy)", p)
+		}
+	}
+	for _, m := range o.modes {
+		if !slices.Contains(allModes, m) {
+			return nil, fmt.Errorf("-modes: unknown mode %q (want %s)", m, strings.Join(allModes, ", "))
+		}
+	}
+	switch {
+	case o.services < 1 || o.endpoints < 1 || o.repeat < 1 || o.changes < 0 || o.firstPacketSamples < 0:
+		return nil, errors.New("-services, -endpoints and -repeat must be positive, -changes and -first-packet-samples not negative")
+	case uint64(o.services)*uint64(o.endpoints) >= 1<<22-2:
+		return nil, errors.New("too many endpoints: fake endpoint addresses come from 100.64.0.0/10")
+	}
+	if o.outDir == "" {
+		o.outDir = filepath.Join("_output", "scale", time.Now().Format("20060102-150405"))
+	}
+	if o.jsonPath == "" {
+		o.jsonPath = filepath.Join(o.outDir, "results.json")
+	}
+	return o, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("not a positive number: %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(2)
+	}
+	if os.Getenv(envInNetns) == "" {
+		os.Exit(outside(o))
+	}
+	os.Exit(inside(o))
+}
+
+// outside checks and resolves everything that needs the machine's namespace (building
+// binaries may need the Go module proxy), then re-executes this program in a private
+// network namespace and waits for it.
+func outside(o *options) int {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "scale: needs root (network namespaces, netfilter)")
+		return 1
+	}
+	if err := resolveBinaries(o); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		return 1
+	}
+	bins, err := controlplane.FindBinaries(context.Background())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scale: control plane binaries:", err)
+		return 1
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		return 1
+	}
+	// Flags are passed again with the resolved paths; later flags win.
+	args := append([]string{"--net", "--", exe}, os.Args[1:]...)
+	args = append(args, "-sluice", o.sluiceBin, "-kube-proxy", o.kubeProxyBin, "-echoserver", o.echoServer,
+		"-out", o.outDir, "-json", o.jsonPath)
+	cmd := exec.Command("unshare", args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), envInNetns+"=1", "KUBE_APISERVER="+bins.KubeAPIServer, "ETCD="+bins.Etcd,
+		"SLUICE_ECHOSERVER="+o.echoServer)
+	// The child gets the terminal's signals too and tears down; this process only waits.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM)
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "scale: re-executing in a private network namespace:", err)
+		return 1
+	}
+	return 0
+}
+
+// resolveBinaries makes every binary path absolute and checks it can run.
+func resolveBinaries(o *options) error {
+	needUpstream := slices.Contains(o.proxies, proxyUpstream)
+	for _, b := range []struct {
+		flag string
+		path *string
+		need bool
+		hint string
+	}{
+		{"-sluice", &o.sluiceBin, slices.Contains(o.proxies, proxySluice), "make build"},
+		{"-kube-proxy", &o.kubeProxyBin, needUpstream, "hack/bench.sh builds it from the Go module proxy"},
+		{"-echoserver", &o.echoServer, true, "make build"},
+	} {
+		abs, err := filepath.Abs(*b.path)
+		if err != nil {
+			return err
+		}
+		*b.path = abs
+		if !b.need {
+			continue
+		}
+		if st, err := os.Stat(abs); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			return fmt.Errorf("%s %s: not an executable file (%s)", b.flag, abs, b.hint)
+		}
+	}
+	out, err := filepath.Abs(o.outDir)
+	if err != nil {
+		return err
+	}
+	o.outDir = out
+	if o.jsonPath, err = filepath.Abs(o.jsonPath); err != nil {
+		return err
+	}
+	return os.MkdirAll(o.outDir, 0o755)
+}
