@@ -420,8 +420,12 @@ func (s *Sandbox) rulesCommand() string {
 		return "ipvsadm -Ln"
 	}
 	if p := s.sluice["node-a"]; p != nil {
-		if log, err := os.ReadFile(p.LogPath); err == nil && strings.Contains(string(log), `"Using iptables" flavour="legacy"`) {
-			return "iptables-legacy-save -t nat"
+		if log, err := os.ReadFile(p.LogPath); err == nil {
+			for _, line := range strings.Split(string(log), "\n") {
+				if strings.Contains(line, `"Using iptables"`) && strings.Contains(line, `flavour="legacy"`) {
+					return "iptables-legacy-save -t nat"
+				}
+			}
 		}
 	}
 	return "iptables-nft-save -t nat"
