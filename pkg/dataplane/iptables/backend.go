@@ -107,7 +107,8 @@ func WithFullSyncPeriod(small, large time.Duration) Option {
 // nft flavour splits large syncs; 0 keeps the flavour's default, -1 never splits).
 func WithMaxChainsPerRestore(n int) Option { return func(o *options) { o.maxChains = n } }
 
-// WithoutLeftoverCleanup skips removing other modes' leftovers (nftables table, IPVS).
+// WithoutLeftoverCleanup skips removing other modes' and flavours' leftovers (nftables
+// table, IPVS, kube-proxy rules in the other iptables flavour) after the first sync.
 func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
 
 // WithLocalAddresses replaces the lookup of this node's addresses (the NodePort
@@ -134,11 +135,12 @@ func withFaultyServices(names ...types.NamespacedName) Option {
 }
 
 // New sets the node up for the iptables mode and returns the backend of one family. It
-// picks the iptables flavour, sets sysctls (route_localnet when localhost NodePorts are on),
-// probes nfacct and removes the leftovers of upstream's nftables and ipvs modes. It does
-// not touch existing iptables rules, its own or upstream's: the first Apply rewrites them in
-// place, in one transaction, so traffic keeps flowing across a restart or a switch from
-// kube-proxy. Nothing is undone when sluice stops.
+// picks the iptables flavour, sets sysctls (route_localnet when localhost NodePorts are on)
+// and probes nfacct. It does not touch existing rules, its own or upstream's: the first
+// Apply rewrites them in place, one transaction per table, so traffic keeps flowing across
+// a restart or a switch from kube-proxy; the leftovers of upstream's other modes (nftables
+// table, IPVS) are removed once that first sync succeeded. Nothing is undone when sluice
+// stops.
 func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, error) {
 	o := options{
 		fullSyncPeriod:      defaultFullSyncPeriod,
@@ -235,18 +237,6 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		logger.V(2).Info("nfacct is not available, its metrics are not exported", "err", nfacctErr)
 	}
 
-	if !o.skipLeftovers {
-		if removed, err := removeNFTablesLeftovers(cfg.Family); err != nil {
-			logger.Error(err, "Could not remove the nftables mode's table")
-		} else if removed {
-			logger.Info("Removed the nftables mode's table", "table", "kube-proxy")
-		}
-		if removed, err := removeIPVSLeftovers(); err != nil {
-			logger.Error(err, "Could not remove all leftovers of the ipvs mode")
-		} else if removed {
-			logger.Info("Removed the ipvs mode's virtual servers and device", "device", ipvsDummyLink)
-		}
-	}
 	return b, nil
 }
 
@@ -934,11 +924,24 @@ func chunkStrings(s []string, n int) [][]string {
 }
 
 // removeLeftoverRules runs once, after the first successful full sync, when sluice's rules
-// are in place: it removes kube-proxy rules from the other iptables flavour (rules of both
-// flavours are active at once) and the ipvs mode's chains and ipsets.
+// are in place (removing them before would leave the node without any for a while): it
+// removes upstream's nftables table, the ipvs mode's IPVS services, kube-ipvs0 device,
+// chains and ipsets, and kube-proxy rules in the other iptables flavour. Until then both
+// sets of rules are active, which is harmless: nat PREROUTING and OUTPUT DNAT a packet
+// once, and IPVS only sees packets that are still addressed to the node after that.
 func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
 	if b.opts.skipLeftovers {
 		return
+	}
+	if removed, err := removeNFTablesLeftovers(b.cfg.Family); err != nil {
+		b.logger.Error(err, "Could not remove the nftables mode's table")
+	} else if removed {
+		b.logger.Info("Removed the nftables mode's table", "table", "kube-proxy")
+	}
+	if removed, err := removeIPVSLeftovers(); err != nil {
+		b.logger.Error(err, "Could not remove all leftovers of the ipvs mode")
+	} else if removed {
+		b.logger.Info("Removed the ipvs mode's virtual servers and device", "device", ipvsDummyLink)
 	}
 	other := FlavourLegacy
 	if b.tools.flavour == FlavourLegacy {

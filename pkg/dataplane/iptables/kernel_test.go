@@ -499,3 +499,42 @@ func TestKernelIPv6(t *testing.T) {
 		})
 	}
 }
+
+// TestKernelRemovesOtherModesLeftovers switches a node from every other mode at once:
+// upstream's nftables table, the ipvs mode's device and chains, and kube-proxy rules in the
+// other iptables flavour all go, once sluice's rules are in place.
+func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
+	top := newTopology(t)
+	run(t, "nft", "add table ip kube-proxy")
+	run(t, "nft", "add chain ip kube-proxy services")
+	// This kernel has no dummy devices; the leftover is recognised by its name.
+	run(t, "ip", "link", "add", "kube-ipvs0", "type", "bridge")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "kube-ipvs0").Run() })
+	run(t, "iptables-nft", "-t", "filter", "-N", "KUBE-IPVS-FILTER")
+	run(t, "iptables-nft", "-t", "filter", "-I", "INPUT", "-j", "KUBE-IPVS-FILTER")
+	run(t, "iptables-legacy", "-t", "nat", "-N", "KUBE-SVC-LEGACYLEFTOVER1")
+	run(t, "iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES")
+	run(t, "iptables-legacy", "-t", "nat", "-I", "PREROUTING", "-j", "KUBE-SERVICES")
+
+	b, err := New(context.Background(), kernelConfig(), WithFlavour(FlavourNFT))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := run(t, "nft", "list", "tables"); !strings.Contains(out, "kube-proxy") {
+		t.Fatalf("the nftables table went before sluice's rules were in place")
+	}
+	kApply(t, b, kWorld("192.168.100.0/24").kstate(), full())
+	if out := run(t, "nft", "list", "tables"); strings.Contains(out, "kube-proxy") {
+		t.Errorf("nftables table kube-proxy left:\n%s", out)
+	}
+	if err := exec.Command("ip", "link", "show", "kube-ipvs0").Run(); err == nil {
+		t.Errorf("kube-ipvs0 left")
+	}
+	if out := run(t, "iptables-nft-save", "-t", "filter"); strings.Contains(out, "KUBE-IPVS-FILTER") {
+		t.Errorf("ipvs chain left:\n%s", out)
+	}
+	if out := run(t, "iptables-legacy-save", "-t", "nat"); strings.Contains(out, "KUBE-") {
+		t.Errorf("kube-proxy rules left in the legacy flavour:\n%s", out)
+	}
+	expectOneOf(t, "traffic after the cleanup", top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1", "pod-b 10.0.2.1")
+}
