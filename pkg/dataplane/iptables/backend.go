@@ -64,6 +64,8 @@ type Backend struct {
 	leftoversDone bool
 	// lastKernel is what the last full sync read.
 	lastKernel *kernelView
+	// splitLogged is set once the reason for splitting restores has been logged.
+	splitLogged bool
 
 	stats ApplyStats
 }
@@ -680,6 +682,11 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 	// A large sync in the nft flavour first writes the Services' chains in batches; the
 	// final restore then only rewrites the shared chains to point at them.
 	split := b.maxChains > 0 && chains > b.maxChains
+	if split && !b.splitLogged {
+		b.splitLogged = true
+		b.logger.Info("Writing the ruleset in several iptables-nft restores: one restore would take minutes, as its cost grows with the square of the chains it creates (upstream kube-proxy never finishes such a ruleset); sluice's nftables mode avoids iptables-nft altogether",
+			"chains", chains, "chainsPerRestore", b.maxChains)
+	}
 	prestaged := map[types.NamespacedName]bool{}
 	extraChains := map[string]bool{}
 	if split {
