@@ -81,6 +81,8 @@ func TestPacketFlowIPv4(t *testing.T) {
 			pkt: packet{src: outside, dst: nodeIP, dport: 3003, iif: "eth0"}, output: "10.0.2.3:80", masq: true},
 		{name: "localhost NodePort from the node",
 			pkt: packet{src: localhostV4, dst: localhostV4, dport: 3003, local: true}, output: "10.0.2.3:80", masq: true},
+		{name: "route_localnet: 127.0.0.0/8 from the network is dropped (KUBE-FIREWALL)",
+			pkt: packet{src: outside, dst: localhostV4, dport: 9999, iif: "eth0"}, output: "DROP"},
 		{name: "LoadBalancer IP, Local policy, from outside: local endpoint only, source kept",
 			pkt: packet{src: outside, dst: a("5.6.7.8"), dport: 80, iif: "eth0"}, output: "10.0.1.4:80"},
 		{name: "NodePort, Local policy, from outside: local endpoint only, source kept",
