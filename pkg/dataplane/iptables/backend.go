@@ -472,6 +472,9 @@ func (i *isolation) spend() error {
 
 func (i *isolation) blamed() { i.left += i.perCulprit }
 
+// An error that names no line (the xtables lock held too long, a program missing) is not
+// about the input, and never starts a search for a Service to blame.
+//
 // structural reports whether iptables-restore complained about one of sluice's shared
 // chains: then the shared state is wrong (a chain missing, someone else's change), not a
 // Service, and blaming Services one by one would only take them all down.
@@ -580,7 +583,8 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 			continue
 		}
 		var re *restoreError
-		if !errors.As(rerr, &re) {
+		if !errors.As(rerr, &re) || len(re.lines) == 0 {
+			// Not about the input (the xtables lock, a missing program): nobody's fault.
 			return false, rerr
 		}
 		if err := iso.spend(); err != nil {
@@ -783,7 +787,7 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 			break
 		}
 		var re *restoreError
-		if !errors.As(rerr, &re) || structural(rerr) {
+		if !errors.As(rerr, &re) || len(re.lines) == 0 || structural(rerr) {
 			return rerr
 		}
 		if err := iso.spend(); err != nil {
@@ -861,7 +865,7 @@ func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map
 			continue
 		}
 		var re *restoreError
-		if !errors.As(rerr, &re) || structural(rerr) {
+		if !errors.As(rerr, &re) || len(re.lines) == 0 || structural(rerr) {
 			return rerr
 		}
 		if err := iso.spend(); err != nil {

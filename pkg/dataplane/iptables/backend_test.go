@@ -574,3 +574,30 @@ func TestTCPBeLiberalDropsTheInvalidRule(t *testing.T) {
 		}
 	}
 }
+
+// lockedKernel fails every restore as iptables-legacy does when another program holds the
+// xtables lock past --wait.
+type lockedKernel struct{ *fakeKernel }
+
+func (l lockedKernel) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
+	if strings.HasSuffix(name, "-restore") {
+		return nil, []byte("Another app is currently holding the xtables lock. Stopped waiting after 30s.\n"), errFakeExit
+	}
+	return l.fakeKernel.Run(ctx, name, args, stdin)
+}
+
+func TestLockTimeoutBlamesNoService(t *testing.T) {
+	k := newFakeKernel(FlavourLegacy)
+	b, err := New(context.Background(), testConfig(model.IPv4), withCommander(lockedKernel{k}, FlavourLegacy), WithFlavour(FlavourLegacy),
+		withEditor(k), withSysctl(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := b.Apply(context.Background(), featureWorld().state(model.IPv4), full())
+	if res.Err == nil || len(res.Failed) != 0 {
+		t.Fatalf("Err=%v Failed=%v; want a sync failure and no Service blamed", res.Err, res.Failed)
+	}
+	if !strings.Contains(res.Err.Error(), "xtables lock") {
+		t.Errorf("error does not say why: %v", res.Err)
+	}
+}

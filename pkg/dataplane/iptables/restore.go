@@ -135,6 +135,9 @@ func (e *restoreError) Error() string {
 	if len(out) > 300 {
 		out = out[:300] + "..."
 	}
+	if len(e.lines) == 0 {
+		return fmt.Sprintf("%s failed: %s", e.program, out)
+	}
 	return fmt.Sprintf("%s rejected its input: %s", e.program, out)
 }
 
