@@ -133,6 +133,16 @@ func Run(ctx context.Context, o *config.Options) error {
 		return err
 	}
 
+	// A backend that can notice its rules vanishing (iptables: the canary chain flushed by a
+	// firewall reload) watches for it every syncPeriod and asks for a sync, which repairs them.
+	for _, b := range backends {
+		if m, ok := b.(interface {
+			Monitor(ctx context.Context, interval time.Duration, resync func())
+		}); ok {
+			go m.Monitor(ctx, e.SyncPeriod, loop.Request)
+		}
+	}
+
 	servers := &servers{options: o, mode: mode, tracker: tracker, loop: loop, families: families, reporter: reporter}
 	go servers.runHealthz(ctx, proxyHealth, cancel)
 	go servers.runMetrics(ctx, cancel)
