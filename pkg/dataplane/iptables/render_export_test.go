@@ -1,0 +1,167 @@
+package iptables
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// commandLog is the fake kernel's ruleEditor that also writes down, as iptables command
+// lines, the chains and rules the backend adds imperatively.
+type commandLog struct {
+	*fakeKernel
+	program string
+	lines   []string
+}
+
+func (c *commandLog) NewChain(table, chain string) error {
+	err := c.fakeKernel.NewChain(table, chain)
+	if err == nil {
+		c.lines = append(c.lines, c.program+" -t "+table+" -N "+chain)
+	}
+	return err
+}
+
+func (c *commandLog) Insert(table, chain string, pos int, spec ...string) error {
+	err := c.fakeKernel.Insert(table, chain, pos, spec...)
+	if err == nil {
+		c.lines = append(c.lines, c.program+" -t "+table+" -I "+chain+" "+itoa(pos)+" "+quoteArgs(spec))
+	}
+	return err
+}
+
+// splitRender separates Render's output into its command comments and the restore input.
+func splitRender(t *testing.T, text string) (commands []string, restore string) {
+	t.Helper()
+	var b strings.Builder
+	for _, l := range splitLines(text) {
+		if cmd, ok := strings.CutPrefix(l, "#   "); ok {
+			commands = append(commands, cmd)
+			continue
+		}
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		b.WriteString(l + "\n")
+	}
+	return commands, b.String()
+}
+
+// TestRenderIsWhatAFullSyncProgramsOnAnEmptyKernel: Render shows, for every configuration,
+// exactly the commands and the restore input that the backend's first full sync runs
+// against an empty kernel, in both flavours.
+func TestRenderIsWhatAFullSyncProgramsOnAnEmptyKernel(t *testing.T) {
+	tests := []struct {
+		name   string
+		family model.IPFamily
+		cfg    func(*dataplane.Config)
+		opts   RenderOptions
+		// backend are the options that give the backend the node facts opts describe.
+		backend []Option
+	}{
+		{name: "IPv4 defaults", family: model.IPv4},
+		{name: "IPv6", family: model.IPv6},
+		{name: "nodePortAddresses, interface prefix, masqueradeAll", family: model.IPv4,
+			cfg: func(c *dataplane.Config) {
+				c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{mustPrefix("192.168.0.0/24"), mustPrefix("127.0.0.0/8")}}
+				c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalInterfaceNamePrefix, Interface: "veth"}
+				c.MasqueradeAll = true
+			}},
+		{name: "nodePortAddresses with explicit local addresses", family: model.IPv4,
+			cfg: func(c *dataplane.Config) {
+				c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{mustPrefix("192.168.0.0/16")}}
+			},
+			opts: RenderOptions{LocalAddresses: []netip.Addr{netipAddr("192.168.7.7"), netipAddr("192.168.0.2"), netipAddr("10.9.9.9")}},
+			backend: []Option{WithLocalAddresses(func() ([]netip.Addr, error) {
+				return []netip.Addr{netipAddr("192.168.7.7"), netipAddr("192.168.0.2"), netipAddr("10.9.9.9")}, nil
+			})}},
+		{name: "no local detector, localhost NodePorts off", family: model.IPv4,
+			cfg: func(c *dataplane.Config) { c.LocalDetector = dataplane.LocalDetector{}; c.LocalhostNodePorts = false }},
+		{name: "tcp_be_liberal", family: model.IPv4, opts: RenderOptions{TCPBeLiberal: true},
+			backend: []Option{withSysctl(fakeSysctl{sysctlTCPBeLiberal: 1})}},
+		{name: "nfacct", family: model.IPv4, opts: RenderOptions{NFAcct: true},
+			backend: []Option{withNFAcct(scriptedNFAcct{})}},
+	}
+	for _, tc := range tests {
+		for _, flavour := range []Flavour{FlavourLegacy, FlavourNFT} {
+			t.Run(tc.name+"/"+string(flavour), func(t *testing.T) {
+				cfg := testConfig(tc.family)
+				if tc.cfg != nil {
+					tc.cfg(&cfg)
+				}
+				state := featureWorld().state(tc.family)
+
+				k := newFakeKernel(flavour)
+				program := "iptables"
+				if tc.family == model.IPv6 {
+					program = "ip6tables"
+				}
+				log := &commandLog{fakeKernel: k, program: program}
+				b, _, _ := newTestBackend(t, cfg, flavour, append([]Option{withCommander(k, flavour), withEditor(log)}, tc.backend...)...)
+				mustApply(t, b, state, full())
+				if len(k.restores) != 1 {
+					t.Fatalf("the full sync ran %d restores, want 1", len(k.restores))
+				}
+
+				text, err := Render(state, cfg, tc.opts)
+				if err != nil {
+					t.Fatalf("Render: %v", err)
+				}
+				commands, restore := splitRender(t, text)
+				if restore != k.restores[0] {
+					t.Errorf("Render's restore input differs from the full sync's:\n%s", lineDiff(k.restores[0], restore))
+				}
+				if got, want := strings.Join(commands, "\n"), strings.Join(log.lines, "\n"); got != want {
+					t.Errorf("Render's commands differ from what the full sync ran:\n%s", lineDiff(want, got))
+				}
+			})
+		}
+	}
+}
+
+// TestRenderRestoreInputIsTheGoldenFullSync ties Render to the reviewed golden ruleset.
+func TestRenderRestoreInputIsTheGoldenFullSync(t *testing.T) {
+	text, err := Render(featureWorld().state(model.IPv4), testConfig(model.IPv4), RenderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, restore := splitRender(t, text)
+	want, err := os.ReadFile(filepath.Join("testdata", "full-ipv4.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restore != string(want) {
+		t.Errorf("Render differs from testdata/full-ipv4.golden:\n%s", lineDiff(string(want), restore))
+	}
+	if !strings.HasPrefix(text, "# Before the restore") || !strings.Contains(text, "#   iptables -t nat -I PREROUTING 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n") {
+		t.Errorf("Render does not show the jump rules:\n%s", text)
+	}
+}
+
+func TestRenderRefusesBadInput(t *testing.T) {
+	state := featureWorld().state(model.IPv4)
+	for _, tc := range []struct {
+		name  string
+		state *model.NodeState
+		cfg   func(*dataplane.Config)
+		want  string
+	}{
+		{name: "state of the other family", state: state, cfg: func(c *dataplane.Config) { c.Family = model.IPv6 }, want: "want a IPv6 state"},
+		{name: "no state", cfg: func(*dataplane.Config) {}, want: "want a IPv4 state"},
+		{name: "unknown family", state: state, cfg: func(c *dataplane.Config) { c.Family = 5 }, want: "unknown IP family"},
+		{name: "mark bit", state: state, cfg: func(c *dataplane.Config) { c.MasqueradeBit = 32 }, want: "masquerade bit 32"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(model.IPv4)
+			tc.cfg(&cfg)
+			if _, err := Render(tc.state, cfg, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Render: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
