@@ -1,0 +1,93 @@
+package nftables
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// TestRenderIsTheFirstFullPlan: Render is the plan of a first full sync (the planner test
+// harness, which commits what it plans as the kernel would), and so the reviewed golden
+// files that nft loads (TestTablesWrittenByNftConverge). The kernel test
+// TestKernelRenderIsWhatTheBackendSends compares it with a real backend's plan.
+func TestRenderIsTheFirstFullPlan(t *testing.T) {
+	for _, v := range planVariants {
+		t.Run(v.name, func(t *testing.T) {
+			state := examples(v.family)
+			got, err := Render(state, v.config(), RenderOptions{LocalAddresses: testLocalAddrs})
+			if err != nil {
+				t.Fatalf("Render: %v", err)
+			}
+			want := newFakeKernel(v.config()).apply(state, model.Changes{Full: true}).String()
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("Render differs from the first full plan (-plan +render):\n%s", diff)
+			}
+			golden(t, "full-"+v.name+".nft", got)
+		})
+	}
+}
+
+// TestRenderDefaultsToTheNodeAddresses: without LocalAddresses, @nodeport-ips gets the
+// node's IPs inside nodePortAddresses (and never a loopback address).
+func TestRenderDefaultsToTheNodeAddresses(t *testing.T) {
+	for _, f := range model.Families {
+		state := examples(f)
+		cfg := testConfig(f)
+		got, err := Render(state, cfg, RenderOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := Render(state, cfg, RenderOptions{LocalAddresses: state.Node.IPs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%v: default local addresses are not the node's IPs:\n%s", f, cmp.Diff(want, got))
+		}
+		if ip := state.Node.IPsOf(f)[0].String(); !strings.Contains(got, "nodeport-ips { "+ip+" }") {
+			t.Errorf("%v: @nodeport-ips lacks the node IP %s:\n%s", f, ip, got)
+		}
+	}
+}
+
+func TestRenderNamesServicesItCannotProgram(t *testing.T) {
+	bad := svc("ns9", "bad", "p", model.Protocol("ICMP"), "172.30.0.99", 80).endpoints("10.180.0.9:80").build()
+	good := svc("ns1", "good", "p", model.TCP, "172.30.0.1", 80).endpoints("10.180.0.1:80").build()
+	got, err := Render(nodeState(model.IPv4, good, bad), testConfig(model.IPv4), RenderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(got, "# ns1/good\n") {
+		t.Errorf("the valid Service is missing:\n%s", got)
+	}
+	if !strings.HasSuffix(got, "# Service ns9/bad is not programmed: port \"p\"/ICMP: unsupported protocol \"ICMP\"\n") {
+		t.Errorf("the refused Service is not named at the end:\n%s", got[max(0, len(got)-300):])
+	}
+}
+
+func TestRenderRefusesBadInput(t *testing.T) {
+	state := examples(model.IPv4)
+	for _, tc := range []struct {
+		name  string
+		state *model.NodeState
+		cfg   func(*dataplane.Config)
+		want  string
+	}{
+		{name: "state of the other family", state: state, cfg: func(c *dataplane.Config) { c.Family = model.IPv6 }, want: "want a IPv6 state"},
+		{name: "no state", cfg: func(*dataplane.Config) {}, want: "want a IPv4 state"},
+		{name: "unknown family", state: state, cfg: func(c *dataplane.Config) { c.Family = 5 }, want: "unknown IP family"},
+		{name: "mark bit", state: state, cfg: func(c *dataplane.Config) { c.MasqueradeBit = -1 }, want: "masquerade bit -1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(model.IPv4)
+			tc.cfg(&cfg)
+			if _, err := Render(tc.state, cfg, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Render: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
