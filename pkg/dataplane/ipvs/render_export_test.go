@@ -1,0 +1,174 @@
+package ipvs
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// renderWorld has a Service of every kind the backend programs differently.
+func renderWorld(f model.IPFamily) *model.NodeState {
+	if f == model.IPv6 {
+		state := stateOfFamily(model.IPv6,
+			svcPort("ns/web6", "fd00:96::10", 80, portName("http"), endpoints("[fd00:244:1::2]:8080", "[fd00:244:2::3]:8080")),
+			svcPort("ns/np6", "fd00:96::11", 80, nodePort(30600), affinity(600), endpoints("[fd00:244:2::4]:8080")),
+			svcPort("ns/lb6", "fd00:96::12", 443, nodePort(30643), lbIPs("2001:db8:7::7"), sourceRanges("2001:db8:1::/48"), endpoints("[fd00:244:2::5]:8443")),
+		)
+		return state
+	}
+	return stateOf(
+		svcPort("ns/web", "10.96.0.10", 80, portName("http"), endpoints("10.244.1.2:8080", "10.244.2.3:8080")),
+		svcPort("ns/dns", "10.96.0.13", 53, udp, scheduler("mh"), endpoints("10.244.2.6:5353")),
+		svcPort("ns/np", "10.96.0.11", 80, nodePort(30080), affinity(10800), endpoints("10.244.2.4:8080")),
+		svcPort("ns/sctp", "10.96.0.14", 7777, sctp, nodePort(30777), endpoints("10.244.2.7:7777")),
+		svcPort("ns/lb", "10.96.0.12", 443, nodePort(30443), lbIPs("203.0.113.7"), sourceRanges("198.51.100.0/24"),
+			externalIPs("192.0.2.9"), endpoints("10.244.2.5:8443")),
+		svcPort("ns/local", "10.96.0.15", 80, nodePort(30081), lbIPs("203.0.113.8"), externalLocal, healthCheck(32000),
+			endpoints("10.244.2.8:8080")),
+		svcPort("ns/empty", "10.96.0.16", 80),
+		// Wants the externalIP ns/lb holds: the first by name keeps it.
+		svcPort("ns/second", "10.96.0.17", 443, externalIPs("192.0.2.9"), endpoints("10.244.2.9:8443")),
+	)
+}
+
+// fakeCall is how the fake kernel logs the call an operation makes.
+func fakeCall(o op, family model.IPFamily) string {
+	switch o.kind {
+	case opCreateLink:
+		return "create-link " + dummyDevice
+	case opCreateSet:
+		return "create-set " + ipsetName(o.set, family)
+	case opAddVS:
+		return "add-vs " + o.vs.String()
+	case opAddRS:
+		return "add-rs " + o.vs.String() + " " + o.rs.String()
+	case opBindAddr:
+		return "add-addr " + dummyDevice + " " + o.addr.String()
+	case opAddEntry:
+		return "add-entry " + ipsetName(o.set, family) + " " + o.entry.String()
+	}
+	return "unexpected on an empty node: " + o.String()
+}
+
+// TestRenderIsWhatAFullSyncDoesOnAnEmptyNode: the operations Render prints are the calls
+// the backend's first full sync makes on an empty (fake) node, in the same order, and its
+// iptables-restore input is the one the backend fed.
+func TestRenderIsWhatAFullSyncDoesOnAnEmptyNode(t *testing.T) {
+	extra := addr("192.0.2.50") // a second address of the node, inside 192.0.2.0/24
+	tests := []struct {
+		name     string
+		family   model.IPFamily
+		cfg      func(*dataplane.Config)
+		settings Settings
+		opts     RenderOptions
+		node     func(*fakeKernel)
+	}{
+		{name: "IPv4 defaults", family: model.IPv4},
+		{name: "IPv6", family: model.IPv6},
+		{name: "masqueradeAll, no detector, scheduler, excludeCIDRs", family: model.IPv4,
+			cfg:      func(c *dataplane.Config) { c.MasqueradeAll = true; c.LocalDetector = dataplane.LocalDetector{} },
+			settings: Settings{Scheduler: "lc", ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/30"), netip.MustParsePrefix("fd00::/8")}}},
+		{name: "nodePortAddresses and a further local address", family: model.IPv4,
+			cfg: func(c *dataplane.Config) {
+				c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
+			},
+			opts: RenderOptions{LocalAddresses: []netip.Addr{nodeIP, nodeIPv6, extra, addr("127.0.0.1"), addr("::1")}},
+			node: func(k *fakeKernel) { k.links["eth1"] = []netip.Addr{extra} }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(tc.family)
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			state := renderWorld(tc.family)
+
+			k := newFakeNode()
+			if tc.node != nil {
+				tc.node(k)
+			}
+			opts := []Option{withFake(k), WithClock(newClock().now), WithoutLeftoverCleanup()}
+			if tc.family == model.IPv6 {
+				opts = append(opts, func(o *options) { o.ipt = fakeIPTables{k: k, v6: true} })
+			}
+			b, err := New(context.Background(), cfg, tc.settings, opts...)
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			before := len(k.calls)
+			res := b.Apply(context.Background(), state, model.Changes{Full: true})
+			if res.Err != nil {
+				t.Fatalf("Apply: %v", res.Err)
+			}
+			calls := k.calls[before:]
+
+			r, err := renderSync(state, cfg, tc.settings, tc.opts)
+			if err != nil {
+				t.Fatalf("renderSync: %v", err)
+			}
+			var want []string
+			for _, o := range r.plan.setup {
+				want = append(want, fakeCall(o, tc.family))
+			}
+			for _, so := range r.plan.services {
+				for _, o := range so.ops {
+					want = append(want, fakeCall(o, tc.family))
+				}
+			}
+			for _, o := range r.plan.adds {
+				want = append(want, fakeCall(o, tc.family))
+			}
+			want = append(want, "restore")
+			for _, o := range r.plan.deletes {
+				want = append(want, fakeCall(o, tc.family))
+			}
+			if diff := cmp.Diff(want, calls); diff != "" {
+				t.Errorf("rendered operations differ from the backend's calls (-render +backend):\n%s", diff)
+			}
+			if diff := cmp.Diff(k.restores[len(k.restores)-1], string(r.restore)); diff != "" {
+				t.Errorf("rendered restore input differs from the backend's (-backend +render):\n%s", diff)
+			}
+			// The conflict is reported by both.
+			if tc.family == model.IPv4 {
+				if err := res.Failed[nn("ns/second")]; err == nil {
+					t.Errorf("the backend did not fail ns/second: %v", res.Failed)
+				}
+				text := r.String()
+				if !strings.Contains(text, "# ns/second\n#   left out: 192.0.2.9:443/TCP (port ns/second) is already used by Service ns/lb\n") {
+					t.Errorf("Render does not name the conflict:\n%s", text)
+				}
+			}
+		})
+	}
+}
+
+func TestRenderRefusesBadInput(t *testing.T) {
+	state := renderWorld(model.IPv4)
+	for _, tc := range []struct {
+		name     string
+		state    *model.NodeState
+		cfg      func(*dataplane.Config)
+		settings Settings
+		want     string
+	}{
+		{name: "state of the other family", state: state, cfg: func(c *dataplane.Config) { c.Family = model.IPv6 }, want: "want a IPv6 state"},
+		{name: "no state", cfg: func(*dataplane.Config) {}, want: "want a IPv4 state"},
+		{name: "unknown family", state: state, cfg: func(c *dataplane.Config) { c.Family = 5 }, want: "unknown IP family"},
+		{name: "mark bit", state: state, cfg: func(c *dataplane.Config) { c.MasqueradeBit = 40 }, want: "masquerade bit 40"},
+		{name: "scheduler", state: state, cfg: func(*dataplane.Config) {}, settings: Settings{Scheduler: "fastest"}, want: `"fastest" is not an IPVS scheduler`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(model.IPv4)
+			tc.cfg(&cfg)
+			if _, err := Render(tc.state, cfg, tc.settings, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Render: %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
