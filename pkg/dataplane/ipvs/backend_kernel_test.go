@@ -38,6 +38,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 	"github.com/sluiceproxy/sluice/test/netnstest"
 	"github.com/sluiceproxy/sluice/test/vm"
 )
@@ -798,5 +799,51 @@ func TestKernelLegacyFlavour(t *testing.T) {
 	}
 	if out := run(t, "iptables-legacy-save", "-t", "nat"); !strings.Contains(out, "KUBE-SERVICES") {
 		t.Errorf("rules not in the legacy tables:\n%s", out)
+	}
+}
+
+// TestKernelSCTP sends SCTP associations through a ClusterIP and a NodePort (the CI host's
+// kernel has no SCTP sockets; the VM's has).
+func TestKernelSCTP(t *testing.T) {
+	tp := newTopology(t, 2)
+	if !echo.SCTPSupported() {
+		t.Skip("kernel has no SCTP sockets")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	for i, ns := range tp.pods {
+		var s *echo.Server
+		if err := netnstest.Do(ns, func() error {
+			var err error
+			s, err = echo.Listen(echo.ServerConfig{Pod: fmt.Sprintf("pod%d", i+1), Ports: []uint16{9000}, Protocols: []echo.Protocol{echo.SCTP}})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		go s.Serve(ctx)
+	}
+	b := newKernelBackend(t, Settings{})
+	sp := svcPort("ns/sctp", "10.96.11.10", 80, sctp, nodePort(30111), endpoints("10.244.1.2:9000", "10.244.2.2:9000"))
+	kernelApply(t, b, kernelState(sp), model.Changes{Full: true})
+	for _, target := range []string{"10.96.11.10:80", "203.0.113.1:30111"} {
+		seen := map[string]int{}
+		for range 4 {
+			var out echo.Outcome
+			netnstest.Do(tp.client, func() error {
+				out = echo.Probe(ctx, echo.SCTP, netip.MustParseAddrPort(target), echo.ProbeOptions{Timeout: 3 * time.Second})
+				return nil
+			})
+			if out.Result != echo.Answered {
+				t.Fatalf("SCTP to %s: %s", target, out)
+			}
+			seen[out.Reply.Pod]++
+		}
+		if seen["pod1"] == 0 || seen["pod2"] == 0 {
+			t.Errorf("SCTP to %s answered by %v, want both pods", target, seen)
+		}
+	}
+	if out := run(t, "ipset", "list", "KUBE-NODE-PORT-SCTP-HASH"); !strings.Contains(out, "203.0.113.1,sctp:30111") {
+		t.Errorf("SCTP NodePort set:\n%s", out)
 	}
 }

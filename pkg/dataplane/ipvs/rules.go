@@ -122,6 +122,10 @@ func renderRules(cfg ruleConfig, outFilter []outFilterRule) *ruleset {
 	}
 	filter(chainProxyFirewall, withComment(setNoLocalEndpoints, "dst,dst"),
 		[]string{"-m", "addrtype", "!", "--src-type", "LOCAL"}, jump("DROP"))
+	// The node itself reaching such a frontend goes to another node's endpoint; from an
+	// externalIP or LB IP its source is that address, which the other node holds too, so
+	// the reply would never come back: masquerade it (upstream leaves it broken).
+	nat(chainServices, withComment(setNoLocalEndpoints, "dst,dst"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(chainMarkMasq))
 
 	// ClusterIPs: masquerade what does not come from a pod.
 	switch notLocal := detectorNotLocal(cfg.detector); {
