@@ -7,13 +7,11 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"k8s.io/kube-proxy/config/v1alpha1"
 
-	"github.com/sluiceproxy/sluice/pkg/app"
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/explain"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -25,14 +23,7 @@ type explainFlags struct {
 	output string
 
 	// Offline: objects from files, this node's name, and the configuration.
-	files        []string
-	node         string
-	configFile   string
-	mode         string
-	clusterCIDR  string
-	nodePortAddr []string
-	detectLocal  string
-	masqAll      bool
+	offlineFlags
 
 	sourceKind     string
 	localAddresses []string
@@ -79,12 +70,8 @@ daemon cannot be reached.`,
 	fs.StringVarP(&f.output, "output", "o", "text", "output format: text or json")
 	fs.StringArrayVarP(&f.files, "filename", "f", nil, "offline: read API objects from this file (YAML or JSON; repeatable; - for stdin) instead of a running sluice")
 	fs.StringVar(&f.node, "node", "", "offline: the node to explain for (default: the only Node in the files)")
-	fs.StringVar(&f.configFile, "config", "", "offline: a KubeProxyConfiguration file (mode, nodePortAddresses, clusterCIDR, detectLocalMode, masqueradeAll)")
 	fs.StringVar(&f.mode, "proxy-mode", "", "offline: the mode, iptables, nftables or ipvs (overrides --config)")
-	fs.StringVar(&f.clusterCIDR, "cluster-cidr", "", "offline: clusterCIDR, which recognises pod traffic (overrides --config)")
-	fs.StringSliceVar(&f.nodePortAddr, "nodeport-addresses", nil, "offline: nodePortAddresses (overrides --config)")
-	fs.StringVar(&f.detectLocal, "detect-local-mode", "", "offline: detectLocalMode (overrides --config)")
-	fs.BoolVar(&f.masqAll, "masquerade-all", false, "offline: masqueradeAll (overrides --config)")
+	f.addConfigFlags(fs, "offline: ")
 	fs.StringVar(&f.sourceKind, "source-kind", "", "how SRC counts, when its address cannot tell (an interface-based detectLocalMode): pod, node or external")
 	fs.StringSliceVar(&f.localAddresses, "local-address", nil, "further addresses of this node (NodePorts answer on them; traffic from them is the node's)")
 	return cmd
@@ -135,9 +122,9 @@ func runExplain(ctx context.Context, stdout io.Writer, f *explainFlags, args []s
 	var src *nodeSource
 	var err error
 	if len(f.files) > 0 {
-		src, err = offlineSource(f)
+		src, err = offlineSource(&f.offlineFlags, os.Stdin)
 	} else {
-		if f.offlineFlagsSet() {
+		if f.configFlagsSet() {
 			return fmt.Errorf("--node, --config, --proxy-mode, --cluster-cidr, --nodeport-addresses, --detect-local-mode and --masquerade-all need -f (offline); live, the daemon's own configuration is used")
 		}
 		src, err = liveSource(ctx, &f.server)
@@ -187,10 +174,6 @@ func runExplain(ctx context.Context, stdout io.Writer, f *explainFlags, args []s
 		}
 	}
 	return nil
-}
-
-func (f *explainFlags) offlineFlagsSet() bool {
-	return f.node != "" || f.configFile != "" || f.mode != "" || f.clusterCIDR != "" || f.nodePortAddr != nil || f.detectLocal != "" || f.masqAll
 }
 
 // parsePacket reads "SRC" and "DST:PORT[/PROTO]".
@@ -255,91 +238,17 @@ func liveSource(ctx context.Context, sf *serverFlags) (*nodeSource, error) {
 }
 
 // offlineSource computes the state from API objects in files, as the daemon would.
-func offlineSource(f *explainFlags) (*nodeSource, error) {
-	objs := &explain.Objects{}
-	for _, path := range f.files {
-		var r io.Reader = os.Stdin
-		if path != "-" {
-			file, err := os.Open(path)
-			if err != nil {
-				return nil, err
-			}
-			defer file.Close()
-			r = file
-		}
-		got, err := explain.DecodeObjects(r)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		objs.Services = append(objs.Services, got.Services...)
-		objs.EndpointSlices = append(objs.EndpointSlices, got.EndpointSlices...)
-		objs.Nodes = append(objs.Nodes, got.Nodes...)
-		objs.ServiceCIDRs = append(objs.ServiceCIDRs, got.ServiceCIDRs...)
-	}
-	nodeName := f.node
-	if nodeName == "" {
-		if len(objs.Nodes) != 1 {
-			return nil, fmt.Errorf("--node is required: the files hold %d Nodes (%s)", len(objs.Nodes), nodeNames(objs))
-		}
-		nodeName = objs.Nodes[0].Name
-	}
-	node := objs.Node(nodeName)
-	if node == nil {
-		return nil, fmt.Errorf("no Node %q in the files (Nodes: %s); add it: kubectl get node %s -o yaml", nodeName, nodeNames(objs), nodeName)
-	}
-
-	cfg := &v1alpha1.KubeProxyConfiguration{}
-	if f.configFile != "" {
-		var err error
-		if cfg, err = config.LoadFile(f.configFile); err != nil {
-			return nil, err
-		}
-	}
-	if f.mode != "" {
-		cfg.Mode = v1alpha1.ProxyMode(f.mode)
-	}
-	if f.clusterCIDR != "" {
-		cfg.ClusterCIDR = f.clusterCIDR
-	}
-	if f.nodePortAddr != nil {
-		cfg.NodePortAddresses = f.nodePortAddr
-	}
-	if f.detectLocal != "" {
-		cfg.DetectLocalMode = v1alpha1.LocalMode(f.detectLocal)
-	}
-	if f.masqAll {
-		cfg.IPTables.MasqueradeAll, cfg.NFTables.MasqueradeAll = true, true
-	}
-	config.SetDefaults(cfg)
-	config.ApplyPlatformDefaults(cfg)
-	if errs := config.Validate(cfg); len(errs) > 0 {
-		return nil, fmt.Errorf("configuration: %w", errs.ToAggregate())
-	}
-	eff, err := config.NewEffective(cfg, nodeName)
+func offlineSource(f *offlineFlags, stdin io.Reader) (*nodeSource, error) {
+	n, err := loadOffline(f, stdin)
 	if err != nil {
 		return nil, err
 	}
-
-	opts := model.Options{}
-	states := model.Compute(objs.Services, objs.EndpointSlices, app.NodeInfoOf(node), objs.ServiceCIDRPrefixes(), opts)
-	src := &nodeSource{node: nodeName, states: map[string]*model.StateView{}, eff: eff}
-	for family, st := range states {
+	src := &nodeSource{node: n.name, states: map[string]*model.StateView{}, eff: n.eff}
+	for family, st := range n.states {
 		v := st.View()
 		src.states[family.String()] = &v
 	}
 	return src, nil
-}
-
-func nodeNames(objs *explain.Objects) string {
-	var names []string
-	for _, n := range objs.Nodes {
-		names = append(names, n.Name)
-	}
-	slices.Sort(names)
-	if len(names) == 0 {
-		return "none"
-	}
-	return strings.Join(names, ", ")
 }
 
 // explainConfig resolves the configuration for one family of the node.
