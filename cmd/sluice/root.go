@@ -84,7 +84,7 @@ It reads the same KubeProxyConfiguration file (--config) and flags as kube-proxy
 			return err
 		},
 	})
-	cmd.AddCommand(newStatusCommand(stdout), newExplainCommand(stdout))
+	cmd.AddCommand(newStatusCommand(stdout), newExplainCommand(stdout), newRenderCommand(stdout))
 	return cmd
 }
 
