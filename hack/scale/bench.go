@@ -127,15 +127,30 @@ func (b *bench) run(ctx context.Context) error {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				res := b.measure(ctx, r, size, rep)
-				b.report.Runs = append(b.report.Runs, res)
-				logf("%s", res.oneLine())
-				// A partial report survives an interrupted run.
-				_ = b.report.writeJSON(o.jsonPath)
+				b.record(b.measure(ctx, r, size, rep, false))
 			}
 		}
 	}
+	// Profiled runs come last, apart from the measured ones: profiling costs CPU.
+	if o.profile {
+		for _, r := range all {
+			if r.Proxy != proxySluice {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			b.record(b.measure(ctx, r, o.services, 1, true))
+		}
+	}
 	return nil
+}
+
+func (b *bench) record(res RunResult) {
+	b.report.Runs = append(b.report.Runs, res)
+	logf("%s", res.oneLine())
+	// A partial report survives an interrupted run.
+	_ = b.report.writeJSON(b.o.jsonPath)
 }
 
 // sizes are the dataset sizes in the order they are written: the small sizes below
@@ -151,13 +166,17 @@ func (b *bench) sizes() []int {
 	return append(out, b.o.services)
 }
 
-// measure runs one proxy on a fresh node and measures it. A failure is recorded in the
+// measure runs one proxy on a fresh node and measures it; a profiled run also takes
+// sluice's CPU profile of the cold start and heap profiles. A failure is recorded in the
 // result, never fatal to the benchmark.
-func (b *bench) measure(ctx context.Context, r runSpec, size, rep int) RunResult {
+func (b *bench) measure(ctx context.Context, r runSpec, size, rep int, profiled bool) RunResult {
 	b.seq++
 	res := RunResult{Proxy: r.Proxy, Mode: r.Mode, Services: size, Endpoints: b.o.endpoints, Repeat: rep,
-		Started: time.Now(), LoadAvgStart: loadAvg()}
+		Profiled: profiled, Started: time.Now(), LoadAvgStart: loadAvg()}
 	name := fmt.Sprintf("%02d-%s-%s-%d", b.seq, r.Proxy, r.Mode, size)
+	if profiled {
+		name += "-profiled"
+	}
 	logf("=== run %s", name)
 	tb := newProgramTB(ctx, name, logf)
 	err := catchFatal(func() {
@@ -245,7 +264,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		profMu.Unlock()
 	}
 	defer profiles.Wait()
-	if o.profile && r.Proxy == proxySluice {
+	if res.Profiled {
 		profiles.Add(1)
 		go func() {
 			defer profiles.Done()
@@ -256,8 +275,11 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
+			// Idle time is not in a CPU profile: a window longer than the cold start costs
+			// nothing but the wait, and the few endpoint moves in it take milliseconds.
 			p := filepath.Join(o.outDir, name+".cold.cpu.pprof")
-			if err := fetch(ctx, base+"/debug/pprof/profile?seconds=30", p, 40*time.Second); err != nil {
+			secs := int(o.profileWindow.Seconds())
+			if err := fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, secs), p, o.profileWindow+30*time.Second); err != nil {
 				logf("cold CPU profile: %v", err)
 				return
 			}
@@ -272,8 +294,8 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	at, probes, err := waitAnswer(ctx, client, sentinel, podA.Name, o.probeInterval, o.coldTimeout, exited)
 	cold.Probes = probes
 	if err != nil {
-		if cpu, cerr := cpuSeconds(pid); cerr == nil {
-			cold.CPUSeconds = cpu
+		if cpu, cerr := cpuOf(pid); cerr == nil {
+			cold.CPUSeconds, cold.ChildCPUSeconds = cpu.Total(), cpu.Children
 		}
 		res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
 		res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
@@ -284,8 +306,8 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		return fmt.Errorf("cold start: %w", err)
 	}
 	cold.SentinelSeconds = at.Sub(start).Seconds()
-	if cpu, err := cpuSeconds(pid); err == nil {
-		cold.CPUSeconds = cpu
+	if cpu, err := cpuOf(pid); err == nil {
+		cold.CPUSeconds, cold.ChildCPUSeconds = cpu.Total(), cpu.Children
 	}
 	cold.RSSBytesAtReady, _ = statusBytes(pid, "VmRSS")
 	logf("%s: sentinel answered after %.2fs", name, cold.SentinelSeconds)
@@ -302,17 +324,34 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 			res.ServicesFailed = &failed
 		}
 	}
-	if o.profile && r.Proxy == proxySluice {
+	if res.Profiled {
 		p := filepath.Join(o.outDir, name+".after-cold.heap.pprof")
 		if err := fetch(ctx, base+"/debug/pprof/heap?gc=1", p, 30*time.Second); err == nil {
 			addProfile(p)
 		}
 	}
 
-	// One endpoint change, repeated.
+	// One endpoint change, repeated. A profiled run makes more of them, under a CPU
+	// profile of their own (Go takes one CPU profile at a time: the cold one ends first).
+	changes, gap := o.changes, o.changeGap
+	if res.Profiled {
+		profiles.Wait()
+		changes, gap = o.profileChanges, 1500*time.Millisecond
+		window := time.Duration(changes)*(gap+time.Second) + 2*time.Second
+		profiles.Add(1)
+		go func() {
+			defer profiles.Done()
+			p := filepath.Join(o.outDir, name+".changes.cpu.pprof")
+			if err := fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(window.Seconds())), p, window+30*time.Second); err != nil {
+				logf("endpoint-change CPU profile: %v", err)
+				return
+			}
+			addProfile(p)
+		}()
+	}
 	current, other := podA, podB
-	for i := 0; i < o.changes; i++ {
-		if err := sleepCtx(ctx, o.changeGap); err != nil {
+	for i := 0; i < changes; i++ {
+		if err := sleepCtx(ctx, gap); err != nil {
 			return err
 		}
 		ch, err := b.moveSentinel(ctx, client, current, other, nodeName, metricsURL, exited)
@@ -323,7 +362,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		current, other = other, current
 	}
 	if current != podA {
-		if err := sleepCtx(ctx, o.changeGap); err != nil {
+		if err := sleepCtx(ctx, gap); err != nil {
 			return err
 		}
 		if _, err := b.moveSentinel(ctx, client, current, podA, nodeName, metricsURL, exited); err != nil {
@@ -343,10 +382,10 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	// Memory, CPU, ruleset.
 	res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
 	res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
-	if cpu, err := cpuSeconds(pid); err == nil {
-		res.CPUSeconds = cpu
+	if cpu, err := cpuOf(pid); err == nil {
+		res.CPUSeconds, res.ChildCPUSeconds = cpu.Total(), cpu.Children
 	}
-	if o.profile && r.Proxy == proxySluice {
+	if res.Profiled {
 		p := filepath.Join(o.outDir, name+".end.heap.pprof")
 		if err := fetch(ctx, base+"/debug/pprof/heap", p, 30*time.Second); err == nil {
 			addProfile(p)

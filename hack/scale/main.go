@@ -41,13 +41,15 @@ type options struct {
 	listTimeout         time.Duration
 	createWorkers       int
 
-	sluiceBin    string
-	kubeProxyBin string
-	echoServer   string
-	outDir       string
-	jsonPath     string
-	profile      bool
-	proxyV       int
+	sluiceBin      string
+	kubeProxyBin   string
+	echoServer     string
+	outDir         string
+	jsonPath       string
+	profile        bool
+	profileWindow  time.Duration
+	profileChanges int
+	proxyV         int
 }
 
 func defaultKubeProxy() string {
@@ -93,7 +95,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.echoServer, "echoserver", envOr("SLUICE_ECHOSERVER", "bin/echoserver"), "echo server binary ($SLUICE_ECHOSERVER; `make build` builds it)")
 	fs.StringVar(&o.outDir, "out", "", "directory for logs, profiles and results (default _output/scale/<time>)")
 	fs.StringVar(&o.jsonPath, "json", "", "results as JSON (default <out>/results.json)")
-	fs.BoolVar(&o.profile, "profile", false, "for sluice runs, take a CPU profile of the cold start and heap profiles (/debug/pprof, enableProfiling) into <out>; profiling costs a little CPU, so do it in a run of its own")
+	fs.BoolVar(&o.profile, "profile", false, "after the measured runs, run each sluice mode once more at -services taking a CPU profile of its cold start and heap profiles (/debug/pprof, enableProfiling) into <out>; profiled runs are kept out of the summary")
+	fs.DurationVar(&o.profileWindow, "profile-window", 30*time.Second, "length of the cold-start CPU profile (from when the metrics server answers)")
+	fs.IntVar(&o.profileChanges, "profile-changes", 30, "endpoint moves in a profiled run, under a CPU profile of their own")
 	fs.IntVar(&o.proxyV, "proxy-v", 0, "log verbosity of the proxies (0 is upstream's default)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

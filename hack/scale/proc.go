@@ -43,38 +43,45 @@ func parseStatusField(status []byte, field string) (int64, error) {
 	return 0, fmt.Errorf("no %s in status", field)
 }
 
-// cpuSeconds is the CPU time of a process and of the children it has waited for
-// (utime + stime + cutime + cstime of /proc/<pid>/stat): the proxy's own work plus its nft
+// cpuTime is a process's CPU time: its own (utime + stime of /proc/<pid>/stat) and that
+// of the children it has waited for (cutime + cstime): the proxy's own work, and its nft
 // or iptables-restore runs.
-func cpuSeconds(pid int) (float64, error) {
+type cpuTime struct {
+	Self, Children float64
+}
+
+// Total is the process's and its children's CPU time.
+func (c cpuTime) Total() float64 { return c.Self + c.Children }
+
+func cpuOf(pid int) (cpuTime, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return cpuTime{}, err
 	}
 	return parseStatCPU(b)
 }
 
-func parseStatCPU(stat []byte) (float64, error) {
+func parseStatCPU(stat []byte) (cpuTime, error) {
 	// The command name (field 2) is in parentheses and may hold spaces: count fields after
 	// the last ')'.
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed stat")
+		return cpuTime{}, fmt.Errorf("malformed stat")
 	}
 	f := strings.Fields(string(stat[i+1:]))
 	// f[0] is field 3 (state); utime..cstime are fields 14..17.
 	if len(f) < 15 {
-		return 0, fmt.Errorf("malformed stat: %d fields", len(f))
+		return cpuTime{}, fmt.Errorf("malformed stat: %d fields", len(f))
 	}
-	var ticks int64
-	for _, s := range f[11:15] {
+	var ticks [4]int64
+	for k, s := range f[11:15] {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("malformed stat: %w", err)
+			return cpuTime{}, fmt.Errorf("malformed stat: %w", err)
 		}
-		ticks += n
+		ticks[k] = n
 	}
-	return float64(ticks) / clockTicks, nil
+	return cpuTime{Self: float64(ticks[0]+ticks[1]) / clockTicks, Children: float64(ticks[2]+ticks[3]) / clockTicks}, nil
 }
 
 // descendants lists the pids of every child of pid, recursively, from

@@ -73,11 +73,13 @@ type DatasetStep struct {
 
 // RunResult is one proxy measured on one fresh node.
 type RunResult struct {
-	Proxy        string     `json:"proxy"`
-	Mode         string     `json:"mode"`
-	Services     int        `json:"services"`
-	Endpoints    int        `json:"endpoints"`
-	Repeat       int        `json:"repeat"`
+	Proxy     string `json:"proxy"`
+	Mode      string `json:"mode"`
+	Services  int    `json:"services"`
+	Endpoints int    `json:"endpoints"`
+	Repeat    int    `json:"repeat"`
+	// Profiled runs took profiles (-profile) and are left out of the summary.
+	Profiled     bool       `json:"profiled,omitempty"`
 	Node         string     `json:"node"`
 	Started      time.Time  `json:"started"`
 	LoadAvgStart [3]float64 `json:"loadAvgStart"`
@@ -91,12 +93,15 @@ type RunResult struct {
 	FirstPacket    *FirstPacketResult `json:"firstPacket,omitempty"`
 	PeakRSSBytes   int64              `json:"peakRSSBytes"`
 	// HelperPeakRSSBytes is the largest VmHWM of a program the proxy ran (HelperName).
-	HelperPeakRSSBytes int64        `json:"helperPeakRSSBytes"`
-	HelperName         string       `json:"helperName,omitempty"`
-	CPUSeconds         float64      `json:"cpuSeconds"`
-	Ruleset            *RulesetSize `json:"ruleset,omitempty"`
-	LogPath            string       `json:"logPath,omitempty"`
-	Profiles           []string     `json:"profiles,omitempty"`
+	HelperPeakRSSBytes int64  `json:"helperPeakRSSBytes"`
+	HelperName         string `json:"helperName,omitempty"`
+	// CPUSeconds is the proxy's CPU time at the end of the run, ChildCPUSeconds the part
+	// of it spent in the programs it ran.
+	CPUSeconds      float64      `json:"cpuSeconds"`
+	ChildCPUSeconds float64      `json:"childCPUSeconds"`
+	Ruleset         *RulesetSize `json:"ruleset,omitempty"`
+	LogPath         string       `json:"logPath,omitempty"`
+	Profiles        []string     `json:"profiles,omitempty"`
 }
 
 // ColdResult is a cold start.
@@ -114,7 +119,10 @@ type ColdResult struct {
 	FirstSyncCount      int     `json:"firstSyncCount"`
 	// CPUSeconds is the proxy's CPU time (its own and its finished children's) when the
 	// sentinel answered.
-	CPUSeconds      float64 `json:"cpuSeconds"`
+	CPUSeconds float64 `json:"cpuSeconds"`
+	// ChildCPUSeconds is the part of CPUSeconds spent in the programs the proxy ran (nft,
+	// iptables-restore).
+	ChildCPUSeconds float64 `json:"childCPUSeconds"`
 	RSSBytesAtReady int64   `json:"rssBytesAtReady"`
 	Probes          int     `json:"probes"`
 	Note            string  `json:"note,omitempty"`
@@ -155,6 +163,7 @@ type SummaryRow struct {
 	FirstSyncSeconds     float64 `json:"firstSyncSeconds"`
 	FirstSyncOwnSeconds  float64 `json:"firstSyncOwnSeconds"`
 	ColdCPUSeconds       float64 `json:"coldCPUSeconds"`
+	ColdChildCPUSeconds  float64 `json:"coldChildCPUSeconds"`
 	ChangeVisibleSeconds float64 `json:"changeVisibleSeconds"`
 	ChangeSyncSeconds    float64 `json:"changeSyncSeconds"`
 	PeakRSSBytes         float64 `json:"peakRSSBytes"`
@@ -239,6 +248,9 @@ func (r *Report) writeJSON(path string) error {
 func (res *RunResult) oneLine() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s/%s at %d:", res.Proxy, res.Mode, res.Services)
+	if res.Profiled {
+		b.WriteString(" (profiled)")
+	}
 	if c := res.Cold; c != nil && !c.TimedOut && c.SentinelSeconds > 0 {
 		fmt.Fprintf(&b, " cold %.2fs (cpu %.1fs)", c.SentinelSeconds, c.CPUSeconds)
 	}
@@ -278,6 +290,9 @@ func (r *Report) summarise() {
 	var order []key
 	groups := map[key][]RunResult{}
 	for _, run := range r.Runs {
+		if run.Profiled {
+			continue
+		}
 		k := key{run.Services, run.Proxy, run.Mode}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
@@ -314,7 +329,7 @@ func (r *Report) summarise() {
 
 func summaryOf(runs []RunResult) SummaryRow {
 	row := SummaryRow{Runs: len(runs)}
-	var cold, firstSync, firstOwn, coldCPU, visible, sync, rss, helper, p50, p99, direct []float64
+	var cold, firstSync, firstOwn, coldCPU, coldChild, visible, sync, rss, helper, p50, p99, direct []float64
 	for _, run := range runs {
 		if run.Error != "" {
 			row.Failed++
@@ -326,6 +341,7 @@ func summaryOf(runs []RunResult) SummaryRow {
 			if c.SentinelSeconds > 0 {
 				cold = append(cold, c.SentinelSeconds)
 				coldCPU = append(coldCPU, c.CPUSeconds)
+				coldChild = append(coldChild, c.ChildCPUSeconds)
 			}
 			if c.FirstSyncSeconds > 0 {
 				firstSync = append(firstSync, c.FirstSyncSeconds)
@@ -353,6 +369,7 @@ func summaryOf(runs []RunResult) SummaryRow {
 	}
 	row.ColdSeconds, row.FirstSyncSeconds, row.FirstSyncOwnSeconds = orZero(median(cold)), orZero(median(firstSync)), orZero(median(firstOwn))
 	row.ColdCPUSeconds, row.ChangeVisibleSeconds, row.ChangeSyncSeconds = orZero(median(coldCPU)), orZero(median(visible)), orZero(median(sync))
+	row.ColdChildCPUSeconds = orZero(median(coldChild))
 	row.PeakRSSBytes, row.HelperPeakRSSBytes = orZero(median(rss)), orZero(median(helper))
 	row.FirstPacketP50Micros, row.FirstPacketP99Micros, row.DirectP50Micros = orZero(median(p50)), orZero(median(p99)), orZero(median(direct))
 	return row
@@ -448,7 +465,7 @@ func (r *Report) printTable(w io.Writer) {
 	fmt.Fprintf(w, "%d endpoints per Service; medians of %d endpoint moves; %d first-packet samples\n\n",
 		r.Options.Endpoints, r.Options.Changes, r.Options.FirstPacketSamples)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tfirst sync\t(own)\tcold CPU\tchange seen\tchange sync\tpeak RSS\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tnotes\t")
+	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tfirst sync\t(own)\tcold CPU\t(helpers)\tchange seen\tchange sync\tpeak RSS\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tnotes\t")
 	for _, s := range r.Summary {
 		notes := ""
 		if s.TimedOut > 0 {
@@ -459,9 +476,9 @@ func (r *Report) printTable(w io.Writer) {
 		if s.Runs > 1 {
 			notes = strings.TrimSpace(notes + fmt.Sprintf(" median of %d", s.Runs))
 		}
-		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.Services, s.Proxy, s.Mode, seconds(s.ColdSeconds), seconds(s.FirstSyncSeconds), seconds(s.FirstSyncOwnSeconds),
-			seconds(s.ColdCPUSeconds), seconds(s.ChangeVisibleSeconds), seconds(s.ChangeSyncSeconds),
+			seconds(s.ColdCPUSeconds), seconds(s.ColdChildCPUSeconds), seconds(s.ChangeVisibleSeconds), seconds(s.ChangeSyncSeconds),
 			mib(s.PeakRSSBytes), mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
 			micros(s.FirstPacketP50Micros), micros(s.FirstPacketP99Micros), micros(s.DirectP50Micros), notes)
 	}

@@ -102,8 +102,8 @@ func TestParseProcFiles(t *testing.T) {
 	}
 	// The command name may hold spaces and parentheses; utime..cstime are 150 50 30 20.
 	stat := []byte("42 (kube (proxy) x) S 1 42 42 0 -1 4194560 100 0 0 0 150 50 30 20 20 0 12 0 100 0 0")
-	if got, err := parseStatCPU(stat); err != nil || got != 2.5 {
-		t.Errorf("CPU seconds = %v, %v; want 2.5", got, err)
+	if got, err := parseStatCPU(stat); err != nil || got.Self != 2 || got.Children != 0.5 || got.Total() != 2.5 {
+		t.Errorf("CPU = %+v, %v; want 2s own and 0.5s children's", got, err)
 	}
 }
 
