@@ -984,7 +984,7 @@ func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
 	} else if n > 0 {
 		b.logger.Info("Removed the ipvs mode's chains", "chains", n)
 	}
-	if n, err := removeIPVSIPSets(); err != nil {
+	if n, err := removeIPVSIPSets(b.cfg.Family); err != nil {
 		b.logger.Error(err, "Could not remove the ipvs mode's ipsets")
 	} else if n > 0 {
 		b.logger.Info("Removed the ipvs mode's ipsets", "ipsets", n)
