@@ -216,11 +216,8 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	}
 
 	// Sysctls.
-	if localhostNodePortsActive(cfg) {
-		logger.Info("Setting route_localnet=1 to allow NodePorts on localhost; to change this either disable iptables.localhostNodePorts or set nodePortAddresses to exclude loopback addresses")
-		if err := ensureSysctl(b.sysctl, sysctlRouteLocalnet, 1); err != nil {
-			return nil, err
-		}
+	if err := applySysctls(b.sysctl, cfg, logger); err != nil {
+		return nil, err
 	}
 	if v, err := b.sysctl.Get(sysctlTCPBeLiberal); err == nil && v != 0 {
 		b.tcpLiberal = true

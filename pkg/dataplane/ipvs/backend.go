@@ -128,13 +128,8 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 	settings.ExcludeCIDRs = slices.DeleteFunc(slices.Clone(settings.ExcludeCIDRs), func(p netip.Prefix) bool {
 		return model.FamilyOf(p.Addr()) != cfg.Family
 	})
-	supported, err := o.supported()
-	if err != nil {
-		return nil, fmt.Errorf("probe the kernel for IPVS: %w", err)
-	}
-	if !supported {
-		return nil, fmt.Errorf("%w (ip_vs module not loaded?): load ip_vs, ip_vs_%s and nf_conntrack (modprobe -a ip_vs ip_vs_%s nf_conntrack), or use mode nftables",
-			ErrNoIPVS, settings.Scheduler, settings.Scheduler)
+	if err := requireIPVS(o.supported, settings.Scheduler); err != nil {
+		return nil, err
 	}
 	kv, err := o.kernel()
 	if err != nil {
@@ -175,13 +170,8 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 	if s == nil {
 		s = procSysctl{root: "/proc/sys"}
 	}
-	if err := setupSysctls(s, kv, settings.StrictARP, logger); err != nil {
+	if err := applyKernelSettings(s, kv, b.ipvs, settings, logger); err != nil {
 		return nil, err
-	}
-	if settings.TCPTimeout > 0 || settings.TCPFinTimeout > 0 || settings.UDPTimeout > 0 {
-		if err := b.ipvs.SetTimeouts(settings.TCPTimeout, settings.TCPFinTimeout, settings.UDPTimeout); err != nil {
-			return nil, fmt.Errorf("set IPVS timeouts (tcp %s, tcpfin %s, udp %s): %w", settings.TCPTimeout, settings.TCPFinTimeout, settings.UDPTimeout, err)
-		}
 	}
 	if err := b.checkScheduler(settings.Scheduler); err != nil {
 		return nil, err
