@@ -46,7 +46,14 @@ func Run(ctx context.Context, o *config.Options) error {
 		}
 	}
 	if o.InitOnly {
-		logger.Info("Initialization done (--init-only); exiting")
+		mode := e.Mode
+		if o.Backend != "" {
+			mode = dataplane.Mode(o.Backend)
+		}
+		if err := modeSetup(ctx, mode, e, supportedFamilies(ctx, mode), kernelModeSetup); err != nil {
+			return err
+		}
+		logger.Info("Initialization done (--init-only); exiting", "mode", mode)
 		return nil
 	}
 
