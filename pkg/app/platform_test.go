@@ -22,8 +22,11 @@ type recordedSetup struct {
 
 func (r *recordedSetup) steps() modeSetupSteps {
 	return modeSetupSteps{
-		iptables: func(_ context.Context, cfg dataplane.Config) error { r.iptables = append(r.iptables, cfg); return r.err },
-		ipvs:     func(_ context.Context, s ipvs.Settings) error { r.ipvs = append(r.ipvs, s); return r.err },
+		iptables: func(_ context.Context, cfg dataplane.Config) error {
+			r.iptables = append(r.iptables, cfg)
+			return r.err
+		},
+		ipvs: func(_ context.Context, s ipvs.Settings) error { r.ipvs = append(r.ipvs, s); return r.err },
 	}
 }
 
