@@ -223,7 +223,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 
 	// The proxy.
 	cfgPath := filepath.Join(logDir, "proxy.yaml")
-	if err := os.WriteFile(cfgPath, []byte(proxyConfig(r.configMode(), nodeName, b.cp.ProxyKubeconfig(), o.proxyV)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(proxyConfig(r.configMode(), nodeName, b.cp.ProxyKubeconfig(), o.proxyV, o.syncPeriod)), 0o644); err != nil {
 		return err
 	}
 	path, err := flavourPATH(filepath.Join(o.outDir, "bin"), r)
@@ -247,7 +247,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	pid := proc.Pid()
 	exited := func() error {
 		if done, err := proc.Exited(); done {
-			return fmt.Errorf("the proxy exited (%v); last lines of %s:\n%s", err, proc.LogPath, proc.Tail(30))
+			return fmt.Errorf("the proxy exited (%v); last lines of %s:\n%s", err, proc.LogPath, logTail(proc.LogPath, 30))
 		}
 		return nil
 	}
@@ -301,7 +301,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
 		if errors.Is(err, context.DeadlineExceeded) {
 			cold.TimedOut = true
-			return fmt.Errorf("cold start: the sentinel did not answer within %s; last lines of %s:\n%s", o.coldTimeout, proc.LogPath, proc.Tail(15))
+			return fmt.Errorf("cold start: the sentinel did not answer within %s; last lines of %s:\n%s", o.coldTimeout, proc.LogPath, logTail(proc.LogPath, 15))
 		}
 		return fmt.Errorf("cold start: %w", err)
 	}
@@ -391,7 +391,11 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 			addProfile(p)
 		}
 	}
-	size := listRuleset(ctx, node.NetNS, r, o.listTimeout)
+	saveTo := ""
+	if o.saveRulesets {
+		saveTo = filepath.Join(logDir, "ruleset.txt")
+	}
+	size := listRuleset(ctx, node.NetNS, r, o.listTimeout, saveTo)
 	res.Ruleset = &size
 	return exited()
 }
@@ -534,4 +538,26 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// noise are log lines that say nothing about a proxy's progress: upstream logs these on
+// every metrics scrape on a kernel without nfacct.
+var noise = []string{"failed to collect nfacct counter"}
+
+// logTail returns the last n lines of a log, leaving out noise.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	var lines []string
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if !slices.ContainsFunc(noise, func(s string) bool { return strings.Contains(line, s) }) {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

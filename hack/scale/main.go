@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,7 +47,10 @@ type options struct {
 	echoServer     string
 	outDir         string
 	jsonPath       string
+	saveRulesets   bool
+	syncPeriod     string
 	profile        bool
+	reportFrom     string
 	profileWindow  time.Duration
 	profileChanges int
 	proxyV         int
@@ -98,6 +102,9 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.profile, "profile", false, "after the measured runs, run each sluice mode once more at -services taking a CPU profile of its cold start and heap profiles (/debug/pprof, enableProfiling) into <out>; profiled runs are kept out of the summary")
 	fs.DurationVar(&o.profileWindow, "profile-window", 30*time.Second, "length of the cold-start CPU profile (from when the metrics server answers)")
 	fs.IntVar(&o.profileChanges, "profile-changes", 30, "endpoint moves in a profiled run, under a CPU profile of their own")
+	fs.BoolVar(&o.saveRulesets, "save-rulesets", false, "keep each run's ruleset listing in its log directory (ruleset.txt; tens of MB at 10 000 Services in iptables modes)")
+	fs.StringVar(&o.syncPeriod, "sync-period", "", "syncPeriod of both proxies (default: upstream's 30s); longer keeps periodic resyncs out of a profile of endpoint moves")
+	fs.StringVar(&o.reportFrom, "report", "", "print the table of an earlier run's results JSON (summarised again) and exit")
 	fs.IntVar(&o.proxyV, "proxy-v", 0, "log verbosity of the proxies (0 is upstream's default)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -165,6 +172,9 @@ func main() {
 		}
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(2)
+	}
+	if o.reportFrom != "" {
+		os.Exit(reprint(o.reportFrom))
 	}
 	if os.Getenv(envInNetns) == "" {
 		os.Exit(outside(o))
@@ -249,4 +259,22 @@ func resolveBinaries(o *options) error {
 		return err
 	}
 	return os.MkdirAll(o.outDir, 0o755)
+}
+
+// reprint prints the table of a results file, summarised again (summaries follow this
+// program's current rules).
+func reprint(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		return 1
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		fmt.Fprintf(os.Stderr, "scale: %s: %v\n", path, err)
+		return 1
+	}
+	r.summarise()
+	r.printTable(os.Stdout)
+	return 0
 }

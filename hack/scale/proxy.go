@@ -98,7 +98,14 @@ func flavourPATH(dir string, r runSpec) (string, error) {
 // (minSyncPeriod 1s, syncPeriod 30s, client QPS 5) except for what a node namespace
 // needs: servers bound where this program reaches them, the node's name, and conntrack
 // sizing left alone (nf_conntrack_max is global to the machine, not per namespace).
-func proxyConfig(mode, node, kubeconfig string, verbosity int) string {
+//
+// syncPeriod, when not empty, replaces the default syncPeriod of the mode (for profiling
+// partial syncs without the periodic resync among them).
+func proxyConfig(mode, node, kubeconfig string, verbosity int, syncPeriod string) string {
+	periods := ""
+	if syncPeriod != "" {
+		periods = fmt.Sprintf("iptables:\n  syncPeriod: %[1]s\nnftables:\n  syncPeriod: %[1]s\n", syncPeriod)
+	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: %s
@@ -117,5 +124,5 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, mode, node, healthzPort, metricsPort, kubeconfig, verbosity)
+%s`, mode, node, healthzPort, metricsPort, kubeconfig, verbosity, periods)
 }

@@ -62,6 +62,8 @@ type Options struct {
 	FirstPacketSamples  int      `json:"firstPacketSamples"`
 	ColdTimeout         string   `json:"coldTimeout"`
 	Profile             bool     `json:"profile"`
+	SyncPeriod          string   `json:"syncPeriod,omitempty"`
+	ProxyVerbosity      int      `json:"proxyVerbosity"`
 }
 
 // DatasetStep is one growth of the dataset.
@@ -204,6 +206,7 @@ func newReport(o *options) *Report {
 			Repeat: o.repeat, Changes: o.changes, ChangeGap: o.changeGap.String(),
 			ProbeInterval: o.probeInterval.String(), ChangeProbeInterval: o.changeProbeInterval.String(),
 			FirstPacketSamples: o.firstPacketSamples, ColdTimeout: o.coldTimeout.String(), Profile: o.profile,
+			SyncPeriod: o.syncPeriod, ProxyVerbosity: o.proxyV,
 		},
 	}
 	// The cached upstream build does not stamp its version; its file name carries it.
@@ -315,6 +318,11 @@ func (r *Report) summarise() {
 			continue
 		}
 		s := rows[k]
+		if up.ColdSeconds == 0 {
+			r.Ratios = append(r.Ratios, RatioRow{Services: k.services, Mode: k.mode,
+				Goals: []string{fmt.Sprintf("no ratio: upstream did not complete a cold start (%d of %d runs timed out, %d failed)", up.TimedOut, up.Runs, up.Failed)}})
+			continue
+		}
 		ratio := RatioRow{
 			Services: k.services, Mode: k.mode,
 			Cold: div(s.ColdSeconds, up.ColdSeconds), ColdCPU: div(s.ColdCPUSeconds, up.ColdCPUSeconds),
@@ -352,10 +360,11 @@ func summaryOf(runs []RunResult) SummaryRow {
 			visible = append(visible, v)
 			sync = append(sync, changeMedian(run.Changes, func(c ChangeResult) float64 { return c.SyncSeconds }))
 		}
-		if run.PeakRSSBytes > 0 {
+		// A run cut short has not reached its peak.
+		if run.PeakRSSBytes > 0 && run.Error == "" {
 			rss = append(rss, float64(run.PeakRSSBytes))
 		}
-		if run.HelperPeakRSSBytes > 0 {
+		if run.HelperPeakRSSBytes > 0 && run.Error == "" {
 			helper = append(helper, float64(run.HelperPeakRSSBytes))
 		}
 		if fp := run.FirstPacket; fp != nil && fp.ClusterIP.N > 0 {
@@ -465,22 +474,22 @@ func (r *Report) printTable(w io.Writer) {
 	fmt.Fprintf(w, "%d endpoints per Service; medians of %d endpoint moves; %d first-packet samples\n\n",
 		r.Options.Endpoints, r.Options.Changes, r.Options.FirstPacketSamples)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tfirst sync\t(own)\tcold CPU\t(helpers)\tchange seen\tchange sync\tpeak RSS\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tnotes\t")
+	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tfirst sync\t(own time)\tcold CPU\t(helpers)\tchange seen\tchange sync\tpeak RSS\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tnotes\t")
 	for _, s := range r.Summary {
-		notes := ""
-		if s.TimedOut > 0 {
-			notes = fmt.Sprintf("%d/%d timed out", s.TimedOut, s.Runs)
-		} else if s.Failed > 0 {
-			notes = fmt.Sprintf("%d/%d failed", s.Failed, s.Runs)
-		}
+		var notes []string
 		if s.Runs > 1 {
-			notes = strings.TrimSpace(notes + fmt.Sprintf(" median of %d", s.Runs))
+			notes = append(notes, fmt.Sprintf("median of %d", s.Runs))
+		}
+		if s.TimedOut > 0 {
+			notes = append(notes, fmt.Sprintf("%d/%d timed out", s.TimedOut, s.Runs))
+		} else if s.Failed > 0 {
+			notes = append(notes, fmt.Sprintf("%d/%d failed", s.Failed, s.Runs))
 		}
 		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.Services, s.Proxy, s.Mode, seconds(s.ColdSeconds), seconds(s.FirstSyncSeconds), seconds(s.FirstSyncOwnSeconds),
 			seconds(s.ColdCPUSeconds), seconds(s.ColdChildCPUSeconds), seconds(s.ChangeVisibleSeconds), seconds(s.ChangeSyncSeconds),
 			mib(s.PeakRSSBytes), mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
-			micros(s.FirstPacketP50Micros), micros(s.FirstPacketP99Micros), micros(s.DirectP50Micros), notes)
+			micros(s.FirstPacketP50Micros), micros(s.FirstPacketP99Micros), micros(s.DirectP50Micros), strings.Join(notes, "; "))
 	}
 	tw.Flush()
 	if len(r.Ratios) > 0 {

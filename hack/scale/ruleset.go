@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -26,8 +27,8 @@ type RulesetSize struct {
 }
 
 // listRuleset lists the ruleset of the node namespace ns the way an operator would for the
-// run's mode, and measures it.
-func listRuleset(ctx context.Context, ns string, r runSpec, timeout time.Duration) RulesetSize {
+// run's mode, and measures it. With saveTo, the listing is kept in that file.
+func listRuleset(ctx context.Context, ns string, r runSpec, timeout time.Duration, saveTo string) RulesetSize {
 	var args []string
 	switch r.Mode {
 	case modeNFTables:
@@ -55,6 +56,11 @@ func listRuleset(ctx context.Context, ns string, r runSpec, timeout time.Duratio
 		return size
 	}
 	size.Bytes = stdout.Len()
+	if saveTo != "" {
+		if err := os.WriteFile(saveTo, stdout.Bytes(), 0o644); err != nil {
+			size.Error = fmt.Sprintf("saving the listing: %v", err)
+		}
+	}
 	if r.Mode == modeNFTables {
 		size.Chains, size.Rules, size.Elements = countNFT(stdout.String())
 	} else {
