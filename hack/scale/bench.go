@@ -39,6 +39,9 @@ type bench struct {
 	data   *dataset
 	report *Report
 	seq    int
+	// bulkMoves counts the moves of bulk Services' endpoints, to pick a Service and a new
+	// address for each.
+	bulkMoves int
 }
 
 func logf(format string, args ...any) {
@@ -237,8 +240,12 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(node.APIAddress, metricsPort))
 	metricsURL := base + "/metrics"
 	start := time.Now()
-	proc, err := node.Start("proxy", "/usr/bin/env", "PATH="+path, bin,
-		"--config", cfgPath, "--hostname-override", nodeName, "--kubeconfig", b.cp.ProxyKubeconfig())
+	args := []string{"PATH=" + path}
+	if r.Proxy == proxySluice {
+		args = append(args, o.sluiceEnv...)
+	}
+	args = append(args, bin, "--config", cfgPath, "--hostname-override", nodeName, "--kubeconfig", b.cp.ProxyKubeconfig())
+	proc, err := node.Start("proxy", "/usr/bin/env", args...)
 	if err != nil {
 		return err
 	}
@@ -370,6 +377,19 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		}
 	}
 
+	// One endpoint of a Service of -endpoints moves. Nothing answers at those addresses, so
+	// only the proxy's own sync time tells.
+	for i := 0; i < o.changes; i++ {
+		if err := sleepCtx(ctx, gap); err != nil {
+			return err
+		}
+		ch, err := b.moveBulk(ctx, metricsURL)
+		res.BulkChanges = append(res.BulkChanges, ch)
+		if err != nil {
+			return fmt.Errorf("endpoint change %d of %s: %w", i+1, ch.Service, err)
+		}
+	}
+
 	// First packet.
 	if o.firstPacketSamples > 0 {
 		via, direct, failures, err := firstPacketSamples(client, sentinel, netip.AddrPortFrom(podA.IPv4, echoPort), o.firstPacketSamples)
@@ -441,6 +461,42 @@ func (b *bench) moveSentinel(ctx context.Context, client, from, to *topology.Pod
 		}
 	}
 	return ch, nil
+}
+
+// moveBulk moves one endpoint of a bulk Service (a different one each time) and waits for
+// the proxy's sync to show in its metrics.
+func (b *bench) moveBulk(ctx context.Context, metricsURL string) (BulkChangeResult, error) {
+	b.bulkMoves++
+	i := (b.bulkMoves * 7919) % b.data.bulk // spread over the dataset
+	ch := BulkChangeResult{Service: datasetNamespace + "/" + bulkName(i)}
+	before, err := scrape(ctx, metricsURL)
+	if err != nil {
+		return ch, err
+	}
+	h := before.histogram(metricSyncDuration)
+	start := time.Now()
+	if err := b.data.moveBulkEndpoint(ctx, i, b.bulkMoves); err != nil {
+		return ch, err
+	}
+	ch.APIWriteSeconds = time.Since(start).Seconds()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		after, err := scrape(ctx, metricsURL)
+		if err != nil {
+			return ch, err
+		}
+		if d := after.histogram(metricSyncDuration).minus(h); d.Count >= 1 {
+			ch.SyncSeconds, ch.SyncCount = d.mean(), int(d.Count)
+			ch.SeenSeconds = time.Since(start).Seconds()
+			return ch, nil
+		}
+		if time.Now().After(deadline) {
+			return ch, fmt.Errorf("no sync within 30s")
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return ch, err
+		}
+	}
 }
 
 // registerNode creates the Node object the proxy runs as, as kubelet would: InternalIP

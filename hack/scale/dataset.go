@@ -114,6 +114,14 @@ func fakeEndpoint(i, j, perService int) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
 }
 
+// movedEndpoint is the address endpoint move seq gives: from the top of 100.64.0.0/10
+// down, a half the dataset never reaches.
+func movedEndpoint(seq int) netip.Addr {
+	n := uint32(100)<<24 | uint32(127)<<16 | uint32(255)<<8 | 254
+	n -= uint32(seq)
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+}
+
 // bulkName is the name of bulk Service i.
 func bulkName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
@@ -241,6 +249,27 @@ func (d *dataset) pointSentinel(ctx context.Context, pod netip.Addr, node string
 	}
 	if err != nil {
 		return fmt.Errorf("pointing the sentinel at %s: %w", pod, err)
+	}
+	return nil
+}
+
+// moveBulkEndpoint replaces the first endpoint of bulk Service i with an address no other
+// endpoint has (seq numbers the moves of a benchmark; addresses past the dataset's are
+// used), keeping its other endpoints: one endpoint of a Service of d.endpoints moves.
+func (d *dataset) moveBulkEndpoint(ctx context.Context, i, seq int) error {
+	eps := make([]discoveryv1.Endpoint, d.endpoints)
+	for j := range eps {
+		eps[j] = readyEndpoint(fakeEndpoint(i, j, d.endpoints), fmt.Sprintf("fake-node-%d", (i+j)%100))
+	}
+	eps[0] = readyEndpoint(movedEndpoint(seq), "fake-node-moved")
+	patch, err := json.Marshal(map[string]any{"endpoints": eps})
+	if err != nil {
+		return err
+	}
+	name := bulkName(i)
+	_, err = d.kube.DiscoveryV1().EndpointSlices(datasetNamespace).Patch(ctx, name+"-scale", types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("moving an endpoint of %s: %w", name, err)
 	}
 	return nil
 }

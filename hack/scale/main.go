@@ -49,6 +49,7 @@ type options struct {
 	jsonPath       string
 	saveRulesets   bool
 	syncPeriod     string
+	sluiceEnv      []string
 	profile        bool
 	reportFrom     string
 	profileWindow  time.Duration
@@ -105,6 +106,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.saveRulesets, "save-rulesets", false, "keep each run's ruleset listing in its log directory (ruleset.txt; tens of MB at 10 000 Services in iptables modes)")
 	fs.StringVar(&o.syncPeriod, "sync-period", "", "syncPeriod of both proxies (default: upstream's 30s); longer keeps periodic resyncs out of a profile of endpoint moves")
 	fs.StringVar(&o.reportFrom, "report", "", "print the table of an earlier run's results JSON (summarised again) and exit")
+	sluiceEnv := fs.String("sluice-env", "", "comma-separated NAME=VALUE added to sluice's environment, e.g. GOMEMLIMIT=150MiB (experiments; recorded in the results)")
 	fs.IntVar(&o.proxyV, "proxy-v", 0, "log verbosity of the proxies (0 is upstream's default)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -117,6 +119,12 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-small-sizes: %w", err)
 	}
 	o.proxies, o.modes, o.skip, o.smallRuns = splitList(*proxies), splitList(*modes), splitList(*skip), splitList(*smallRuns)
+	o.sluiceEnv = splitList(*sluiceEnv)
+	for _, kv := range o.sluiceEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("-sluice-env: %q is not NAME=VALUE", kv)
+		}
+	}
 	for _, p := range o.proxies {
 		if p != proxySluice && p != proxyUpstream {
 			return nil, fmt.Errorf("-proxies: unknown proxy %q (want sluice, kube-proxy)", p)
@@ -130,8 +138,8 @@ func parseFlags(args []string) (*options, error) {
 	switch {
 	case o.services < 1 || o.endpoints < 1 || o.repeat < 1 || o.changes < 0 || o.firstPacketSamples < 0:
 		return nil, errors.New("-services, -endpoints and -repeat must be positive, -changes and -first-packet-samples not negative")
-	case uint64(o.services)*uint64(o.endpoints) >= 1<<22-2:
-		return nil, errors.New("too many endpoints: fake endpoint addresses come from 100.64.0.0/10")
+	case uint64(o.services)*uint64(o.endpoints) >= 1<<21:
+		return nil, errors.New("too many endpoints: fake endpoint addresses come from the lower half of 100.64.0.0/10")
 	}
 	if o.outDir == "" {
 		o.outDir = filepath.Join("_output", "scale", time.Now().Format("20060102-150405"))

@@ -154,6 +154,7 @@ func TestSummaryAndGoals(t *testing.T) {
 		return RunResult{Proxy: proxy, Mode: modeNFTables, Services: 10000,
 			Cold:         &ColdResult{SentinelSeconds: cold, CPUSeconds: cold},
 			Changes:      []ChangeResult{{VisibleSeconds: 0.1, SyncSeconds: sync}, {VisibleSeconds: 0.3, SyncSeconds: sync * 3}},
+			BulkChanges:  []BulkChangeResult{{SyncSeconds: sync * 10, SyncCount: 1}},
 			PeakRSSBytes: rss}
 	}
 	r := &Report{Runs: []RunResult{
@@ -173,8 +174,18 @@ func TestSummaryAndGoals(t *testing.T) {
 	if q.Cold != 0.2 || q.PeakRSS != 0.5 {
 		t.Errorf("ratios = %+v", q)
 	}
-	want := []string{"cold <= 0.2x upstream: met (0.20x)", "one-endpoint sync <= 20ms: met (10.0ms)", "peak RSS <= 0.5x upstream: met (0.50x)"}
+	want := []string{"cold <= 0.2x upstream: met (0.20x)", "one-endpoint sync (1-endpoint Service) <= 20ms: met (10.0ms)",
+		"one-endpoint sync (multi-endpoint Service) <= 20ms: MISSED (50.0ms)", "peak RSS <= 0.5x upstream: met (0.50x)"}
 	if !slices.Equal(q.Goals, want) {
 		t.Errorf("goals = %q, want %q", q.Goals, want)
+	}
+}
+
+func TestMovedEndpointsStayClearOfTheDataset(t *testing.T) {
+	lastOfDataset := fakeEndpoint(0, 1<<21-1, 1)
+	for seq := range 1000 {
+		if a := movedEndpoint(seq); a.Compare(lastOfDataset) <= 0 || !netip.MustParsePrefix("100.64.0.0/10").Contains(a) {
+			t.Fatalf("moved endpoint %d = %s, not between %s and the end of 100.64.0.0/10", seq, a, lastOfDataset)
+		}
 	}
 }
