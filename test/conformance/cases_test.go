@@ -181,7 +181,7 @@ func topologyHintsKeepTrafficInZone(t *testing.T, e *env) {
 }
 
 // internalTrafficPolicy: Local sends pods only to endpoints on their own node, and a node
-// without local endpoints gets nothing (see capabilities.NoLocalEndpoints).
+// without local endpoints gets nothing (see capabilities.InternalNoLocalEndpoints).
 func internalTrafficPolicyLocal(t *testing.T, e *env) {
 	a0, a1, b0, b1 := e.pods()
 	s := service(e.namespace(t), "node-local", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53))
@@ -199,8 +199,8 @@ func internalTrafficPolicyLocal(t *testing.T, e *env) {
 	}
 	e.setEndpoints(t, svc, ready(b0))
 	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 80), "b0")
-	e.expectResult(t, from(&a1.Host), echo.TCP, at(ip, 80), e.caps.NoLocalEndpoints...)
-	e.expectResult(t, from(&a1.Host), echo.UDP, at(ip, 53), e.caps.NoLocalEndpoints...)
+	e.expectResult(t, from(&a1.Host), echo.TCP, at(ip, 80), e.caps.InternalNoLocalEndpoints...)
+	e.expectResult(t, from(&a1.Host), echo.UDP, at(ip, 53), e.caps.InternalNoLocalEndpoints...)
 }
 
 // A NodePort (externalTrafficPolicy Cluster) answers on every node, from the external
@@ -225,7 +225,7 @@ func nodePortFromExternalIsMasqueraded(t *testing.T, e *env) {
 
 // externalTrafficPolicy: Local on a NodePort: each node sends only to its own endpoints
 // and the pod sees the external client's real address; a node without local endpoints
-// gets nothing (capabilities.NoLocalEndpoints) while the other keeps answering.
+// gets nothing (capabilities.ExternalNoLocalEndpoints) while the other keeps answering.
 func externalTrafficPolicyLocalNodePort(t *testing.T, e *env) {
 	a0, _, b0, _ := e.pods()
 	nodeA, nodeB := e.nodes()
@@ -247,8 +247,8 @@ func externalTrafficPolicyLocalNodePort(t *testing.T, e *env) {
 	}
 	e.setEndpoints(t, svc, ready(b0))
 	e.expectBackends(t, from(e.topo.External), echo.TCP, at(nodeB.IPv4, http.NodePort), "b0")
-	e.expectResult(t, from(e.topo.External), echo.TCP, at(nodeA.IPv4, http.NodePort), e.caps.NoLocalEndpoints...)
-	e.expectResult(t, from(e.topo.External), echo.UDP, at(nodeA.IPv4, dns.NodePort), e.caps.NoLocalEndpoints...)
+	e.expectResult(t, from(e.topo.External), echo.TCP, at(nodeA.IPv4, http.NodePort), e.caps.ExternalNoLocalEndpoints...)
+	e.expectResult(t, from(e.topo.External), echo.UDP, at(nodeA.IPv4, dns.NodePort), e.caps.ExternalNoLocalEndpoints...)
 }
 
 // A LoadBalancer ingress IP (status patched by the test, routed by the external client to
@@ -308,7 +308,7 @@ func loadBalancerLocalWithHealthCheck(t *testing.T, e *env) {
 			return nil
 		})
 	}
-	e.expectResult(t, from(e.topo.External), echo.TCP, at(lb, 80), e.caps.NoLocalEndpoints...)
+	e.expectResult(t, from(e.topo.External), echo.TCP, at(lb, 80), e.caps.ExternalNoLocalEndpoints...)
 }
 
 // With externalTrafficPolicy Local, a node whose local endpoints are all terminating but
@@ -407,10 +407,18 @@ func sessionAffinityClientIP(t *testing.T, e *env) {
 
 	// Waiting out the affinity timeout is the behaviour under test, not a wait for sluice:
 	// after each idle period a new choice is made, and with three endpoints some round
-	// lands elsewhere (each round stays on the same one with probability 1/3).
-	deadline := time.Now().Add(convergeTimeout)
+	// lands elsewhere (each round stays on the same one with probability 1/3). Where closed
+	// connections hold the affinity (capabilities.AffinityHeldByClosedConnections: IPVS's
+	// TIME_WAIT), an idle period lasts that much longer, plus a margin for the kernel's
+	// timers (IPVS checks an expired template's connections every timeoutSeconds).
+	idle := (timeoutSeconds + 1) * time.Second
+	if e.caps.AffinityHeldByClosedConnections > 0 {
+		idle += e.caps.AffinityHeldByClosedConnections + 5*time.Second
+		t.Logf("%s: closed connections hold the affinity for %s; idle periods of %s", e.backend, e.caps.AffinityHeldByClosedConnections, idle)
+	}
+	deadline := time.Now().Add(convergeTimeout + 2*idle)
 	for round := 1; ; round++ {
-		time.Sleep((timeoutSeconds + 1) * time.Second)
+		time.Sleep(idle)
 		out := c.probe(echo.TCP, target, 0)
 		if out.Result != echo.Answered {
 			t.Fatalf("round %d: %s", round, out)
@@ -420,7 +428,7 @@ func sessionAffinityClientIP(t *testing.T, e *env) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still pinned to %s after %d idle periods of %ds", pinned, round, timeoutSeconds+1)
+			t.Fatalf("still pinned to %s after %d idle periods of %s", pinned, round, idle)
 		}
 	}
 }

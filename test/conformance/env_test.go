@@ -22,12 +22,14 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -93,7 +95,12 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 
-	cpOpts := controlplane.Options{BindAddress: e.topo.APIAddress().String(), LogDir: filepath.Join(e.topo.LogDir, "controlplane")}
+	cpOpts := controlplane.Options{
+		BindAddress:         e.topo.APIAddress().String(),
+		LogDir:              filepath.Join(e.topo.LogDir, "controlplane"),
+		ReadyTimeout:        readyTimeout(t),
+		ExtraAPIServerFlags: strings.Fields(os.Getenv("SLUICE_CONFORMANCE_APISERVER_FLAGS")),
+	}
 	if *dualStack {
 		cpOpts.ServiceCIDRs = controlplane.DualStackServiceCIDRs()
 	}
@@ -122,6 +129,22 @@ func setup(t *testing.T) *env {
 		e.waitHealthy(t, n)
 	}
 	return e
+}
+
+// readyTimeout is how long etcd and kube-apiserver may take to become ready, at the start
+// and when APIServerOutageKeepsTrafficFlowing restarts the apiserver:
+// $SLUICE_CONFORMANCE_READY_TIMEOUT (a Go duration), else the control plane's default
+// (90s). The IPVS VM sets it: under emulation (TCG) kube-apiserver takes minutes.
+func readyTimeout(t *testing.T) time.Duration {
+	s := os.Getenv("SLUICE_CONFORMANCE_READY_TIMEOUT")
+	if s == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		t.Fatalf("$SLUICE_CONFORMANCE_READY_TIMEOUT=%q: want a positive duration such as 5m", s)
+	}
+	return d
 }
 
 func (e *env) registerNode(t *testing.T, n *topology.Node) {
@@ -215,7 +238,8 @@ func (e *env) startSluice(t *testing.T, n *topology.Node) {
 }
 
 // waitHealthy waits for sluice's /healthz in the node to answer 200, reached over the
-// apiserver link. A sluice that exits fails the suite at once with its log.
+// apiserver link, and then for its first sync (waitSynced). A sluice that exits fails the
+// suite at once with its log.
 func (e *env) waitHealthy(t *testing.T, n *topology.Node) {
 	url := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(n.APIAddress, healthzPort))
 	client := &http.Client{Timeout: time.Second}
@@ -227,6 +251,7 @@ func (e *env) waitHealthy(t *testing.T, n *topology.Node) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
+				e.waitSynced(t, n)
 				return
 			}
 			last = resp.Status
@@ -236,6 +261,71 @@ func (e *env) waitHealthy(t *testing.T, n *topology.Node) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("sluice on %s: %s never answered 200 (last: %s)\n%s", n.Name, url, last, e.sluice[n.Name].Tail(40))
+}
+
+// firstSyncTimeout bounds the wait for a sluice's first sync. On the host it takes a
+// second; under emulation (the IPVS VM) each iptables command costs most of a second and
+// a first sync of both families half a minute.
+const firstSyncTimeout = 3 * time.Minute
+
+// lastSyncMetric is the gauge sluice (and kube-proxy) set after every successful sync, per
+// IP family.
+const lastSyncMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+
+// waitSynced waits until the proxy in node n has completed its first sync of every family
+// the suite uses, as its metrics tell (metricsBindAddress 127.0.0.1:10249 in the node).
+// /healthz answers 200 from the start, before anything is programmed; a case that starts
+// before the first sync would measure how long that sync takes, not the behaviour it is
+// about.
+func (e *env) waitSynced(t *testing.T, n *topology.Node) {
+	url := "http://127.0.0.1:10249/metrics"
+	var last string
+	deadline := time.Now().Add(firstSyncTimeout)
+	for time.Now().Before(deadline) {
+		e.requireRunning(t)
+		body, err := httpGetBody(&n.Host, url)
+		if err == nil {
+			synced := syncedFamilies(body)
+			missing := ""
+			for _, f := range e.families {
+				if !synced[string(f)] && !synced[""] {
+					missing += " " + string(f)
+				}
+			}
+			if missing == "" {
+				return
+			}
+			last = "no successful sync yet for" + missing
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("sluice on %s: no first sync within %s (%s: %s)\n%s", n.Name, firstSyncTimeout, url, last, e.sluice[n.Name].Tail(40))
+}
+
+// syncedFamilies reads the last-sync gauge from a Prometheus text exposition: the families
+// (ip_family label values; "" for a sample without one) that have synced at least once.
+func syncedFamilies(metrics string) map[string]bool {
+	out := map[string]bool{}
+	for _, line := range strings.Split(metrics, "\n") {
+		rest, ok := strings.CutPrefix(line, lastSyncMetric)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		family := ""
+		if i := strings.Index(rest, `ip_family="`); i >= 0 {
+			family, _, _ = strings.Cut(rest[i+len(`ip_family="`):], `"`)
+		}
+		fields := strings.Fields(rest[strings.LastIndex(rest, "}")+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[0], 64); err == nil && v > 0 {
+			out[family] = true
+		}
+	}
+	return out
 }
 
 // requireRunning fails t if a sluice process has exited.
@@ -611,9 +701,27 @@ func nodeAddrs(n *topology.Node) []netip.Addr {
 	return append(out, n.APIAddress)
 }
 
-// httpGet fetches url from inside host's namespace and returns the status code.
-func httpGet(h *topology.Host, url string) (int, error) {
-	tr := &http.Transport{
+// httpGetBody fetches url from inside host's namespace and returns the body of a 200 answer.
+func httpGetBody(h *topology.Host, url string) (string, error) {
+	client := &http.Client{Transport: hostTransport(h), Timeout: 2 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return string(b), nil
+}
+
+// hostTransport dials from inside host's namespace.
+func hostTransport(h *topology.Host) *http.Transport {
+	return &http.Transport{
 		DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var conn net.Conn
@@ -624,7 +732,11 @@ func httpGet(h *topology.Host, url string) (int, error) {
 			return conn, err
 		},
 	}
-	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
+}
+
+// httpGet fetches url from inside host's namespace and returns the status code.
+func httpGet(h *topology.Host, url string) (int, error) {
+	client := &http.Client{Transport: hostTransport(h), Timeout: 2 * time.Second}
 	resp, err := client.Get(url)
 	if err != nil {
 		return 0, err
