@@ -317,6 +317,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		cold.CPUSeconds, cold.ChildCPUSeconds = cpu.Total(), cpu.Children
 	}
 	cold.RSSBytesAtReady, _ = statusBytes(pid, "VmRSS")
+	cold.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
 	logf("%s: sentinel answered after %.2fs", name, cold.SentinelSeconds)
 	if fs := <-firstSync; fs.err != nil {
 		cold.Note = fs.err.Error()
@@ -399,7 +400,11 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		res.FirstPacket = &FirstPacketResult{ClusterIP: distributionOf(via), Direct: distributionOf(direct), Failures: failures}
 	}
 
-	// Memory, CPU, ruleset.
+	// Syncs over the run, memory, CPU, ruleset.
+	if m, err := scrape(ctx, metricsURL); err == nil {
+		res.Syncs = int(m.histogram(metricSyncDuration).Count)
+		res.FullSyncs = int(m.histogram(metricSyncFullDuration).Count)
+	}
 	res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
 	res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
 	if cpu, err := cpuOf(pid); err == nil {

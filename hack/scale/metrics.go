@@ -14,6 +14,7 @@ import (
 const (
 	metricSyncDuration        = "kubeproxy_sync_proxy_rules_duration_seconds"
 	metricSyncPartialDuration = "kubeproxy_sync_partial_proxy_rules_duration_seconds"
+	metricSyncFullDuration    = "kubeproxy_sync_full_proxy_rules_duration_seconds"
 	metricServicesFailed      = "sluice_services_failed"
 )
 

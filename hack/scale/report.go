@@ -94,9 +94,13 @@ type RunResult struct {
 	ServicesFailed *int           `json:"servicesFailed,omitempty"`
 	Changes        []ChangeResult `json:"changes,omitempty"`
 	// BulkChanges move one endpoint of a Service of -endpoints (the sentinel has one).
-	BulkChanges  []BulkChangeResult `json:"bulkChanges,omitempty"`
-	FirstPacket  *FirstPacketResult `json:"firstPacket,omitempty"`
-	PeakRSSBytes int64              `json:"peakRSSBytes"`
+	BulkChanges []BulkChangeResult `json:"bulkChanges,omitempty"`
+	FirstPacket *FirstPacketResult `json:"firstPacket,omitempty"`
+	// Syncs and FullSyncs count the proxy's (IPv4) syncs over the run, and the full ones
+	// among them.
+	Syncs        int   `json:"syncs"`
+	FullSyncs    int   `json:"fullSyncs"`
+	PeakRSSBytes int64 `json:"peakRSSBytes"`
 	// HelperPeakRSSBytes is the largest VmHWM of a program the proxy ran (HelperName).
 	HelperPeakRSSBytes int64  `json:"helperPeakRSSBytes"`
 	HelperName         string `json:"helperName,omitempty"`
@@ -129,8 +133,10 @@ type ColdResult struct {
 	// iptables-restore).
 	ChildCPUSeconds float64 `json:"childCPUSeconds"`
 	RSSBytesAtReady int64   `json:"rssBytesAtReady"`
-	Probes          int     `json:"probes"`
-	Note            string  `json:"note,omitempty"`
+	// PeakRSSBytes is VmHWM when the sentinel answered: the cold start's peak.
+	PeakRSSBytes int64  `json:"peakRSSBytes,omitempty"`
+	Probes       int    `json:"probes"`
+	Note         string `json:"note,omitempty"`
 }
 
 // ChangeResult is one move of the sentinel's endpoint.
@@ -184,15 +190,20 @@ type SummaryRow struct {
 	// BulkChangeSyncSeconds is the sync time for moving one endpoint of a Service with
 	// -endpoints of them.
 	BulkChangeSyncSeconds float64 `json:"bulkChangeSyncSeconds"`
-	PeakRSSBytes          float64 `json:"peakRSSBytes"`
-	HelperPeakRSSBytes    float64 `json:"helperPeakRSSBytes"`
-	FirstPacketP50Micros  float64 `json:"firstPacketP50Micros"`
-	FirstPacketP99Micros  float64 `json:"firstPacketP99Micros"`
-	DirectP50Micros       float64 `json:"directP50Micros"`
-	Chains                int     `json:"chains"`
-	Rules                 int     `json:"rules"`
-	Elements              int     `json:"elements"`
-	RulesetBytes          int     `json:"rulesetBytes"`
+	// ReadyRSSBytes is the RSS when the cold start was done (VmHWM then, or VmRSS for
+	// results that lack it); PeakRSSBytes is the peak over the whole run.
+	ReadyRSSBytes      float64 `json:"readyRSSBytes"`
+	PeakRSSBytes       float64 `json:"peakRSSBytes"`
+	HelperPeakRSSBytes float64 `json:"helperPeakRSSBytes"`
+	// FullSyncs is the largest number of full syncs a run of this row made.
+	FullSyncs            int     `json:"fullSyncs"`
+	FirstPacketP50Micros float64 `json:"firstPacketP50Micros"`
+	FirstPacketP99Micros float64 `json:"firstPacketP99Micros"`
+	DirectP50Micros      float64 `json:"directP50Micros"`
+	Chains               int     `json:"chains"`
+	Rules                int     `json:"rules"`
+	Elements             int     `json:"elements"`
+	RulesetBytes         int     `json:"rulesetBytes"`
 }
 
 // RatioRow is sluice divided by upstream for one size and mode (0 where either is
@@ -205,6 +216,7 @@ type RatioRow struct {
 	ChangeVisible  float64  `json:"changeVisible"`
 	ChangeSync     float64  `json:"changeSync"`
 	BulkChangeSync float64  `json:"bulkChangeSync"`
+	ReadyRSS       float64  `json:"readyRSS"`
 	PeakRSS        float64  `json:"peakRSS"`
 	FirstPacketP50 float64  `json:"firstPacketP50"`
 	FirstPacketP99 float64  `json:"firstPacketP99"`
@@ -345,7 +357,7 @@ func (r *Report) summarise() {
 			Cold: div(s.ColdSeconds, up.ColdSeconds), ColdCPU: div(s.ColdCPUSeconds, up.ColdCPUSeconds),
 			ChangeVisible: div(s.ChangeVisibleSeconds, up.ChangeVisibleSeconds), ChangeSync: div(s.ChangeSyncSeconds, up.ChangeSyncSeconds),
 			BulkChangeSync: div(s.BulkChangeSyncSeconds, up.BulkChangeSyncSeconds),
-			PeakRSS:        div(s.PeakRSSBytes, up.PeakRSSBytes),
+			ReadyRSS:       div(s.ReadyRSSBytes, up.ReadyRSSBytes), PeakRSS: div(s.PeakRSSBytes, up.PeakRSSBytes),
 			FirstPacketP50: div(s.FirstPacketP50Micros, up.FirstPacketP50Micros), FirstPacketP99: div(s.FirstPacketP99Micros, up.FirstPacketP99Micros),
 		}
 		ratio.Goals = goals(k.mode, s, ratio)
@@ -355,7 +367,7 @@ func (r *Report) summarise() {
 
 func summaryOf(runs []RunResult) SummaryRow {
 	row := SummaryRow{Runs: len(runs)}
-	var cold, firstSync, firstOwn, coldCPU, coldChild, visible, sync, bulkSync, rss, helper, p50, p99, direct []float64
+	var cold, firstSync, firstOwn, coldCPU, coldChild, visible, sync, bulkSync, readyRSS, rss, helper, p50, p99, direct []float64
 	for _, run := range runs {
 		if run.Error != "" {
 			row.Failed++
@@ -365,6 +377,11 @@ func summaryOf(runs []RunResult) SummaryRow {
 				row.TimedOut++
 			}
 			if c.SentinelSeconds > 0 {
+				ready := c.PeakRSSBytes
+				if ready == 0 {
+					ready = c.RSSBytesAtReady
+				}
+				readyRSS = append(readyRSS, float64(ready))
 				cold = append(cold, c.SentinelSeconds)
 				coldCPU = append(coldCPU, c.CPUSeconds)
 				coldChild = append(coldChild, c.ChildCPUSeconds)
@@ -388,6 +405,7 @@ func summaryOf(runs []RunResult) SummaryRow {
 		if len(bs) > 0 {
 			bulkSync = append(bulkSync, median(bs))
 		}
+		row.FullSyncs = max(row.FullSyncs, run.FullSyncs)
 		if run.PeakRSSBytes > 0 && run.Error == "" {
 			rss = append(rss, float64(run.PeakRSSBytes))
 		}
@@ -405,7 +423,7 @@ func summaryOf(runs []RunResult) SummaryRow {
 	}
 	row.ColdSeconds, row.FirstSyncSeconds, row.FirstSyncOwnSeconds = orZero(median(cold)), orZero(median(firstSync)), orZero(median(firstOwn))
 	row.ColdCPUSeconds, row.ChangeVisibleSeconds, row.ChangeSyncSeconds = orZero(median(coldCPU)), orZero(median(visible)), orZero(median(sync))
-	row.ColdChildCPUSeconds = orZero(median(coldChild))
+	row.ColdChildCPUSeconds, row.ReadyRSSBytes = orZero(median(coldChild)), orZero(median(readyRSS))
 	row.BulkChangeSyncSeconds = orZero(median(bulkSync))
 	row.PeakRSSBytes, row.HelperPeakRSSBytes = orZero(median(rss)), orZero(median(helper))
 	row.FirstPacketP50Micros, row.FirstPacketP99Micros, row.DirectP50Micros = orZero(median(p50)), orZero(median(p99)), orZero(median(direct))
@@ -460,7 +478,7 @@ func goals(mode string, s SummaryRow, ratio RatioRow) []string {
 		}
 	}
 	if ratio.PeakRSS > 0 {
-		out = append(out, check("peak RSS <= 0.5x upstream", ratio.PeakRSS <= 0.5, fmt.Sprintf("%.2fx", ratio.PeakRSS)))
+		out = append(out, check("peak RSS <= 0.5x upstream", ratio.PeakRSS <= 0.5, fmt.Sprintf("%.2fx; %.2fx when the cold start is done", ratio.PeakRSS, ratio.ReadyRSS)))
 	}
 	return out
 }
@@ -515,31 +533,34 @@ func (r *Report) printTable(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tfirst sync\t(own time)\tcold CPU\t(helpers)\tchange seen\tchange sync\tmulti-ep sync\tpeak RSS\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tnotes\t")
+	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tfirst sync\t(own time)\tcold CPU\t(helpers)\tchange seen\tchange sync\tmulti-ep sync\tRSS ready\tpeak RSS\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tnotes\t")
 	for _, s := range r.Summary {
 		var notes []string
 		if s.Runs > 1 {
 			notes = append(notes, fmt.Sprintf("median of %d", s.Runs))
+		}
+		if s.FullSyncs > 1 {
+			notes = append(notes, fmt.Sprintf("up to %d full syncs", s.FullSyncs))
 		}
 		if s.TimedOut > 0 {
 			notes = append(notes, fmt.Sprintf("%d/%d timed out", s.TimedOut, s.Runs))
 		} else if s.Failed > 0 {
 			notes = append(notes, fmt.Sprintf("%d/%d failed", s.Failed, s.Runs))
 		}
-		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.Services, s.Proxy, s.Mode, seconds(s.ColdSeconds), seconds(s.FirstSyncSeconds), seconds(s.FirstSyncOwnSeconds),
 			seconds(s.ColdCPUSeconds), seconds(s.ColdChildCPUSeconds), seconds(s.ChangeVisibleSeconds), seconds(s.ChangeSyncSeconds), seconds(s.BulkChangeSyncSeconds),
-			mib(s.PeakRSSBytes), mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
+			mib(s.ReadyRSSBytes), mib(s.PeakRSSBytes), mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
 			micros(s.FirstPacketP50Micros), micros(s.FirstPacketP99Micros), micros(s.DirectP50Micros), strings.Join(notes, "; "))
 	}
 	tw.Flush()
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w, "\nsluice / upstream, same run:")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "services\tmode\tcold\tcold CPU\tchange seen\tchange sync\tmulti-ep sync\tpeak RSS\tfirst pkt p50\tp99\tgoals (baseline.md)")
+		fmt.Fprintln(tw, "services\tmode\tcold\tcold CPU\tchange seen\tchange sync\tmulti-ep sync\tRSS ready\tpeak RSS\tfirst pkt p50\tp99\tgoals (baseline.md)")
 		for _, q := range r.Ratios {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Services, q.Mode, ratioText(q.Cold), ratioText(q.ColdCPU),
-				ratioText(q.ChangeVisible), ratioText(q.ChangeSync), ratioText(q.BulkChangeSync), ratioText(q.PeakRSS), ratioText(q.FirstPacketP50), ratioText(q.FirstPacketP99),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Services, q.Mode, ratioText(q.Cold), ratioText(q.ColdCPU),
+				ratioText(q.ChangeVisible), ratioText(q.ChangeSync), ratioText(q.BulkChangeSync), ratioText(q.ReadyRSS), ratioText(q.PeakRSS), ratioText(q.FirstPacketP50), ratioText(q.FirstPacketP99),
 				strings.Join(q.Goals, "; "))
 		}
 		tw.Flush()

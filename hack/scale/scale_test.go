@@ -152,7 +152,7 @@ func TestFakeEndpointsAreDistinctAndInSharedAddressSpace(t *testing.T) {
 func TestSummaryAndGoals(t *testing.T) {
 	run := func(proxy string, cold, sync float64, rss int64) RunResult {
 		return RunResult{Proxy: proxy, Mode: modeNFTables, Services: 10000,
-			Cold:         &ColdResult{SentinelSeconds: cold, CPUSeconds: cold},
+			Cold:         &ColdResult{SentinelSeconds: cold, CPUSeconds: cold, RSSBytesAtReady: int64(cold * 1e6)},
 			Changes:      []ChangeResult{{VisibleSeconds: 0.1, SyncSeconds: sync}, {VisibleSeconds: 0.3, SyncSeconds: sync * 3}},
 			BulkChanges:  []BulkChangeResult{{SyncSeconds: sync * 10, SyncCount: 1}},
 			PeakRSSBytes: rss}
@@ -175,7 +175,7 @@ func TestSummaryAndGoals(t *testing.T) {
 		t.Errorf("ratios = %+v", q)
 	}
 	want := []string{"cold <= 0.2x upstream: met (0.20x)", "one-endpoint sync (1-endpoint Service) <= 20ms: met (10.0ms)",
-		"one-endpoint sync (multi-endpoint Service) <= 20ms: MISSED (50.0ms)", "peak RSS <= 0.5x upstream: met (0.50x)"}
+		"one-endpoint sync (multi-endpoint Service) <= 20ms: MISSED (50.0ms)", "peak RSS <= 0.5x upstream: met (0.50x; 0.20x when the cold start is done)"}
 	if !slices.Equal(q.Goals, want) {
 		t.Errorf("goals = %q, want %q", q.Goals, want)
 	}
