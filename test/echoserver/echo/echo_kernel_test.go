@@ -8,11 +8,15 @@ package echo
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluiceproxy/sluice/test/netnstest"
 )
@@ -134,5 +138,55 @@ func TestSCTPIsAnsweredOrSkippedCleanly(t *testing.T) {
 	out = Probe(context.Background(), SCTP, netip.MustParseAddrPort("127.0.0.1:18081"), ProbeOptions{})
 	if out.Result != Refused {
 		t.Errorf("sctp probe of a closed port: %s, want refused", out)
+	}
+}
+
+// An association that is already up when the probe starts waiting for it is noticed at
+// once. Go's poller forgets that the socket turned writable when the wait is armed, so the
+// wait has to look at the socket first; a probe that did not timed out with its answer
+// waiting in the socket whenever the handshake was quicker than the probe's goroutine.
+func TestSCTPAssociationUpBeforeTheWaitIsNoticed(t *testing.T) {
+	startServer(t, SCTP)
+	if !SCTPSupported() {
+		t.Skip("kernel has no SCTP sockets")
+	}
+	fd, err := sctpSocket(unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "sctp")
+	defer f.Close()
+	_ = f.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := unix.Connect(fd, toSockaddr(netip.MustParseAddrPort("127.0.0.1:18080"))); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		t.Fatalf("connect: %v", err)
+	}
+	// Let the handshake finish and the answer arrive before anything waits (poll(2) does
+	// not touch Go's poller), then let the delayed SACK go out (200 ms), so that the socket
+	// has nothing left to report: the state in which a probe used to hang.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := unix.Getpeername(fd); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the association did not come up on loopback within 2s")
+		}
+	}
+	if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 2000); n != 1 || err != nil {
+		t.Fatalf("no answer in the socket within 2s (poll: %d, %v)", n, err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	raw, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := awaitAssociation(raw); err != nil {
+		t.Fatalf("awaitAssociation: %v", err)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Errorf("an established association was noticed only after %s", waited)
+	}
+	if out := readReply(f); out.Result != Answered {
+		t.Errorf("reply: %s", out)
 	}
 }

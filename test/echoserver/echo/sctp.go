@@ -88,35 +88,45 @@ func probeSCTP(ctx context.Context, target netip.AddrPort, source netip.Addr) Ou
 	if err != nil {
 		return Outcome{Result: Failed, Err: err}
 	}
+	if err := awaitAssociation(raw); err != nil {
+		return classify(err)
+	}
+	return readReply(f)
+}
+
+// awaitAssociation waits until a connecting one-to-one SCTP socket's association is
+// established, or has failed (the error), or the socket's deadline passes.
+//
+// Each call of the callback looks at the socket before RawConn.Write is let to wait for
+// writability, never the other way round: RawConn.Write clears the readiness the poller
+// recorded before it was called, and an SCTP socket turns writable exactly once, when its
+// association comes up. A wait armed without looking first misses an association that came
+// up between connect and the wait (the handshake outrunning the goroutine, which happens
+// under load and all the time in the emulated IPVS VM): the probe then times out while the
+// answer sits in the socket.
+func awaitAssociation(raw syscall.RawConn) error {
 	var connErr error
-	waited := false
 	werr := raw.Write(func(fd uintptr) bool {
-		if !waited { // the first call only arms the wait for writability
-			waited = true
-			return false
-		}
 		v, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
 		if err != nil {
 			connErr = err
 			return true
 		}
 		switch e := syscall.Errno(v); e {
-		case 0:
-			return true
-		case unix.EINPROGRESS, unix.EALREADY, unix.EINTR:
-			return false
+		case 0, unix.EINPROGRESS, unix.EALREADY, unix.EINTR:
 		default:
 			connErr = e
 			return true
 		}
+		// The socket has a peer name once the association is established; before that
+		// getpeername fails with ENOTCONN and the wait goes on.
+		_, err = unix.Getpeername(int(fd))
+		return err == nil
 	})
 	if werr != nil {
-		return classify(werr)
+		return werr
 	}
-	if connErr != nil {
-		return classify(connErr)
-	}
-	return readReply(f)
+	return connErr
 }
 
 // sctpListener accepts SCTP associations on one address.
