@@ -207,6 +207,41 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 			}
 		},
 	}, {
+		name: "EndpointSlice keeps of each endpoint what selection reads, and only its Service's labels",
+		in: &discoveryv1.EndpointSlice{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: "s2",
+				Labels: map[string]string{discoveryv1.LabelServiceName: "a", discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io",
+					"app": "a", v1.IsHeadlessService: ""},
+				OwnerReferences: []metav1.OwnerReference{{Kind: "Service", Name: "a"}},
+			},
+			Endpoints: []discoveryv1.Endpoint{{
+				Addresses:          []string{"10.244.1.5"},
+				Conditions:         discoveryv1.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)},
+				Hostname:           ptr.To("pod-a"),
+				TargetRef:          &v1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "pod-a", UID: "1234"},
+				DeprecatedTopology: map[string]string{"kubernetes.io/hostname": "node-a"},
+				NodeName:           ptr.To("node-a"),
+				Zone:               ptr.To("z1"),
+				Hints:              &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}},
+			}},
+		},
+		check: func(t *testing.T, out any) {
+			s := out.(*discoveryv1.EndpointSlice)
+			want := map[string]string{discoveryv1.LabelServiceName: "a", v1.IsHeadlessService: ""}
+			if !mapsEqual(s.Labels, want) || s.OwnerReferences != nil {
+				t.Errorf("labels %v (want %v), ownerReferences %v", s.Labels, want, s.OwnerReferences)
+			}
+			ep := s.Endpoints[0]
+			if ep.TargetRef != nil || ep.Hostname != nil || ep.DeprecatedTopology != nil {
+				t.Errorf("endpoint not slimmed: %+v", ep)
+			}
+			if len(ep.Addresses) != 1 || *ep.Conditions.Ready || !*ep.Conditions.Terminating || *ep.NodeName != "node-a" ||
+				*ep.Zone != "z1" || ep.Hints == nil || len(ep.Hints.ForZones) != 1 {
+				t.Errorf("endpoint lost what selection reads: %+v", ep)
+			}
+		},
+	}, {
 		name: "Node keeps its addresses, taints, labels and pod CIDRs only",
 		in: &v1.Node{
 			ObjectMeta: metav1.ObjectMeta{
