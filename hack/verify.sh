@@ -31,10 +31,12 @@ forbid() {
     fail=1
   fi
 }
-forbid ./pkg/model/... '^(k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(dataplane|syncloop|app|watch|health|conntrack)|github\.com/(vishvananda|google/nftables|moby|coreos))' \
-  "the model is pure: no client-go, no backend, no netlink"
+forbid ./pkg/model/... '^(k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(dataplane|syncloop|app|watch|health|conntrack|hostnet)|github\.com/(vishvananda|google/nftables|moby|coreos))' \
+  "the model is pure: no client-go, no backend, no netlink, no host I/O"
 forbid ./pkg/dataplane/... '^(k8s\.io/api/|k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(syncloop|app|watch|config))' \
   "backends see only the model's types, never API objects, the sync loop or the config"
+forbid ./pkg/hostnet/... '^(k8s\.io/|github\.com/sluiceproxy/sluice/)' \
+  "hostnet is a leaf under the node-side packages: it knows nothing of sluice or Kubernetes"
 forbid ./pkg/watch/... '^github\.com/sluiceproxy/sluice/pkg/(dataplane|syncloop|app)' \
   "the watch layer only records changes"
 forbid ./pkg/syncloop/... '^(k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(watch|app|config))' \
