@@ -3,13 +3,13 @@ package conntrack
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -150,7 +150,7 @@ func withFlowTable(t flowTable) ReconcilerOption { return func(r *Reconciler) { 
 
 // NewReconciler returns the Reconciler of one family, talking to the kernel over netlink.
 func NewReconciler(family model.IPFamily, opts ...ReconcilerOption) *Reconciler {
-	r := &Reconciler{family: family, table: netlinkTable{}, localAddrs: interfaceAddrs}
+	r := &Reconciler{family: family, table: netlinkTable{}, localAddrs: hostnet.InterfaceAddrs}
 	for _, o := range opts {
 		o(r)
 	}
@@ -196,19 +196,4 @@ func (r *Reconciler) Reconcile(ctx context.Context, desired *model.NodeState, ch
 	metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(fam).Add(float64(total))
 	logger.V(4).Info("Reconciled conntrack entries", "ipFamily", fam, "deleted", total, "elapsed", time.Since(start))
 	return total, firstErr
-}
-
-// interfaceAddrs returns the addresses of this node's interfaces.
-func interfaceAddrs() ([]netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("listing interface addresses: %w", err)
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out, nil
 }

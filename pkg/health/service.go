@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -79,7 +80,7 @@ func NewServiceHealthServer(ctx context.Context, cfg ServiceHealthConfig) *Servi
 	var hostAddrs []netip.Addr
 	var addrErr error
 	if !cfg.NodePortAddresses.MatchAll {
-		hostAddrs, addrErr = interfaceAddrs()
+		hostAddrs, addrErr = hostnet.InterfaceAddrs()
 	}
 	return newServiceHealthServer(ctx, cfg, hostAddrs, addrErr, listenTCP)
 }
@@ -135,30 +136,6 @@ func listenAddresses(family model.IPFamily, npa dataplane.NodePortAddresses, hos
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return network, slices.Compact(out)
-}
-
-// interfaceAddrs lists this host's addresses.
-func interfaceAddrs() ([]netip.Addr, error) {
-	ifAddrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("list interface addresses: %w", err)
-	}
-	out := make([]netip.Addr, 0, len(ifAddrs))
-	for _, a := range ifAddrs {
-		var ip net.IP
-		switch v := a.(type) {
-		case *net.IPNet:
-			ip = v.IP
-		case *net.IPAddr:
-			ip = v.IP
-		default:
-			continue
-		}
-		if addr, ok := netip.AddrFromSlice(ip); ok {
-			out = append(out, addr.Unmap())
-		}
-	}
-	return out, nil
 }
 
 // SyncServices makes the open health checks match services (Service → healthCheckNodePort):

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -46,7 +46,7 @@ type Backend struct {
 	logger klog.Logger
 	tools  *tools
 	editor ruleEditor
-	sysctl sysctl
+	sysctl hostnet.Sysctls
 
 	tcpLiberal bool
 	nfacct     bool
@@ -89,7 +89,7 @@ type options struct {
 	cmd        commander
 	probe      flavourProbe
 	editor     ruleEditor
-	sysctl     sysctl
+	sysctl     hostnet.Sysctls
 	nfacct     nfacctClient
 	listChains bool // read chains with iptables-save even in the nft flavour
 	faulty     func(types.NamespacedName) bool
@@ -125,11 +125,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 func withCommander(c commander, installed Flavour) Option {
 	return func(o *options) { o.cmd, o.installed = c, installed }
 }
-func withEditor(e ruleEditor) Option   { return func(o *options) { o.editor = e } }
-func withSysctl(s sysctl) Option       { return func(o *options) { o.sysctl = s } }
-func withNFAcct(n nfacctClient) Option { return func(o *options) { o.nfacct = n } }
-func withProbe(p flavourProbe) Option  { return func(o *options) { o.probe = p } }
-func withSaveListing() Option          { return func(o *options) { o.listChains = true } }
+func withEditor(e ruleEditor) Option      { return func(o *options) { o.editor = e } }
+func withSysctl(s hostnet.Sysctls) Option { return func(o *options) { o.sysctl = s } }
+func withNFAcct(n nfacctClient) Option    { return func(o *options) { o.nfacct = n } }
+func withProbe(p flavourProbe) Option     { return func(o *options) { o.probe = p } }
+func withSaveListing() Option             { return func(o *options) { o.listChains = true } }
 func withFaultyServices(names ...types.NamespacedName) Option {
 	return func(o *options) {
 		o.faulty = func(n types.NamespacedName) bool { return slices.Contains(names, n) }
@@ -148,7 +148,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		fullSyncPeriod:      defaultFullSyncPeriod,
 		largeFullSyncPeriod: defaultLargeFullSyncPeriod,
 		waitSeconds:         defaultWaitSeconds,
-		localAddrs:          interfaceAddrs,
+		localAddrs:          hostnet.InterfaceAddrs,
 		now:                 time.Now,
 	}
 	for _, opt := range opts {
@@ -161,7 +161,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		o.probe = systemProbe{cmd: o.cmd, family: cfg.Family}
 	}
 	if o.sysctl == nil {
-		o.sysctl = procSysctl{root: "/proc/sys"}
+		o.sysctl = hostnet.ProcSys{}
 	}
 	if o.nfacct == nil {
 		o.nfacct = netlinkNFAcct{}
@@ -253,21 +253,6 @@ func registerNFAcct(c *nfacctCollector, logger klog.Logger) {
 		}
 	}()
 	metrics.MustRegisterCollector(c)
-}
-
-// interfaceAddrs returns the addresses of this node's interfaces.
-func interfaceAddrs() ([]netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("listing interface addresses: %w", err)
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out, nil
 }
 
 // Mode implements dataplane.Backend.

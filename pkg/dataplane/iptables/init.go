@@ -6,6 +6,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
 
 // ApplySysctls sets the sysctls the iptables mode needs for cfg without building a backend,
@@ -19,17 +20,17 @@ func ApplySysctls(ctx context.Context, cfg dataplane.Config, opts ...Option) err
 		opt(&o)
 	}
 	if o.sysctl == nil {
-		o.sysctl = procSysctl{root: "/proc/sys"}
+		o.sysctl = hostnet.ProcSys{}
 	}
 	return applySysctls(o.sysctl, cfg, klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family))
 }
 
 // applySysctls sets route_localnet when localhost NodePorts are active (New and
 // ApplySysctls).
-func applySysctls(s sysctl, cfg dataplane.Config, logger klog.Logger) error {
+func applySysctls(s hostnet.Sysctls, cfg dataplane.Config, logger klog.Logger) error {
 	if !localhostNodePortsActive(cfg) {
 		return nil
 	}
 	logger.Info("Setting route_localnet=1 to allow NodePorts on localhost; to change this either disable iptables.localhostNodePorts or set nodePortAddresses to exclude loopback addresses")
-	return ensureSysctl(s, sysctlRouteLocalnet, 1)
+	return hostnet.EnsureSysctl(s, sysctlRouteLocalnet, 1)
 }

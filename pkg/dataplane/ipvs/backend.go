@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -84,7 +85,7 @@ type options struct {
 	links     linkKernel
 	sets      ipsetKernel
 	ipt       iptablesRunner
-	sysctl    sysctl
+	sysctl    hostnet.Sysctls
 	nftTables func(model.IPFamily) (bool, error)
 }
 
@@ -168,7 +169,7 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 
 	s := o.sysctl
 	if s == nil {
-		s = procSysctl{root: "/proc/sys"}
+		s = hostnet.ProcSys{}
 	}
 	if err := applyKernelSettings(s, kv, b.ipvs, settings, logger); err != nil {
 		return nil, err

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
 
 // ApplyKernelSettings does the ipvs mode's privileged node setup without building a
@@ -30,7 +32,7 @@ func ApplyKernelSettings(ctx context.Context, settings Settings, opts ...Option)
 	}
 	s := o.sysctl
 	if s == nil {
-		s = procSysctl{root: "/proc/sys"}
+		s = hostnet.ProcSys{}
 	}
 	h := o.ipvs
 	if h == nil && (settings.TCPTimeout > 0 || settings.TCPFinTimeout > 0 || settings.UDPTimeout > 0) {
@@ -61,7 +63,7 @@ func requireIPVS(supported func() (bool, error), scheduler string) error {
 
 // applyKernelSettings sets the sysctls (setupSysctls) and, when settings give any, IPVS's
 // TCP, TCP FIN and UDP timeouts (ipvsadm --set); h may be nil when they do not.
-func applyKernelSettings(s sysctl, kv kernelVersion, h ipvsKernel, settings Settings, logger klog.Logger) error {
+func applyKernelSettings(s hostnet.Sysctls, kv kernelVersion, h ipvsKernel, settings Settings, logger klog.Logger) error {
 	if err := setupSysctls(s, kv, settings.StrictARP, logger); err != nil {
 		return err
 	}

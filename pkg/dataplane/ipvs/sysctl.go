@@ -2,51 +2,14 @@ package ipvs
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
-
-// sysctl reads and writes /proc/sys; a seam for tests.
-type sysctl interface {
-	Get(name string) (int, error)
-	Set(name string, value int) error
-}
-
-// procSysctl is the real sysctl. /proc/sys/net follows the network namespace of the
-// process, which is the one the backend programs.
-type procSysctl struct{ root string }
-
-func (p procSysctl) Get(name string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(p.root, name))
-	if err != nil {
-		return 0, err
-	}
-	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return 0, fmt.Errorf("sysctl %s: %w", name, err)
-	}
-	return v, nil
-}
-
-func (p procSysctl) Set(name string, value int) error {
-	return os.WriteFile(filepath.Join(p.root, name), []byte(strconv.Itoa(value)+"\n"), 0o640)
-}
-
-// ensureSysctl sets name to value unless it has it already.
-func ensureSysctl(s sysctl, name string, value int) error {
-	if v, err := s.Get(name); err == nil && v == value {
-		return nil
-	}
-	if err := s.Set(name, value); err != nil {
-		return fmt.Errorf("set sysctl %s=%d: %w", name, value, err)
-	}
-	return nil
-}
 
 // kernelVersion is major.minor.patch of the running kernel.
 type kernelVersion struct{ major, minor, patch int }
@@ -119,7 +82,7 @@ func connReuseMode(v kernelVersion) int {
 // and of persistence templates of quiesced ones (weight 0), forwarding, and strict ARP when
 // asked (so the node does not answer ARP for the addresses on the dummy device, which
 // MetalLB's L2 mode needs).
-func setupSysctls(s sysctl, v kernelVersion, strictARP bool, logger klog.Logger) error {
+func setupSysctls(s hostnet.Sysctls, v kernelVersion, strictARP bool, logger klog.Logger) error {
 	want := []struct {
 		name  string
 		value int
@@ -147,7 +110,7 @@ func setupSysctls(s sysctl, v kernelVersion, strictARP bool, logger klog.Logger)
 		}{sysctlARPAnnounce, 2})
 	}
 	for _, w := range want {
-		if err := ensureSysctl(s, w.name, w.value); err != nil {
+		if err := hostnet.EnsureSysctl(s, w.name, w.value); err != nil {
 			return err
 		}
 	}
