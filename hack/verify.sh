@@ -35,6 +35,8 @@ forbid ./pkg/model/... '^(k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(
   "the model is pure: no client-go, no backend, no netlink, no host I/O"
 forbid ./pkg/dataplane/... '^(k8s\.io/api/|k8s\.io/client-go|github\.com/sluiceproxy/sluice/pkg/(syncloop|app|watch|config))' \
   "backends see only the model's types, never API objects, the sync loop or the config"
+forbid ./pkg/dataplane/leftovers/... '^github\.com/sluiceproxy/sluice/pkg/(dataplane/(iptables|ipvs|nftables|recording)|health|conntrack|metrics)$' \
+  "leftovers sits below the backends: each of them uses it, it knows none of them"
 forbid ./pkg/hostnet/... '^(k8s\.io/|github\.com/sluiceproxy/sluice/)' \
   "hostnet is a leaf under the node-side packages: it knows nothing of sluice or Kubernetes"
 forbid ./pkg/watch/... '^github\.com/sluiceproxy/sluice/pkg/(dataplane|syncloop|app)' \

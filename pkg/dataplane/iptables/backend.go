@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -926,15 +927,15 @@ func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
 	if b.opts.skipLeftovers {
 		return
 	}
-	if removed, err := removeNFTablesLeftovers(b.cfg.Family); err != nil {
+	if removed, err := leftovers.DeleteNFTablesTable(b.cfg.Family); err != nil {
 		b.logger.Error(err, "Could not remove the nftables mode's table")
 	} else if removed {
-		b.logger.Info("Removed the nftables mode's table", "table", "kube-proxy")
+		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
 	}
-	if removed, err := removeIPVSLeftovers(); err != nil {
+	if removed, err := leftovers.RemoveIPVSServersAndDevice(); err != nil {
 		b.logger.Error(err, "Could not remove all leftovers of the ipvs mode")
 	} else if removed {
-		b.logger.Info("Removed the ipvs mode's virtual servers and device", "device", ipvsDummyLink)
+		b.logger.Info("Removed the ipvs mode's virtual servers and device", "device", leftovers.IPVSDevice)
 	}
 	other := FlavourLegacy
 	if b.tools.flavour == FlavourLegacy {
@@ -966,7 +967,7 @@ func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
 	} else if n > 0 {
 		b.logger.Info("Removed the ipvs mode's chains", "chains", n)
 	}
-	if n, err := removeIPVSIPSets(b.cfg.Family); err != nil {
+	if n, err := leftovers.DestroyIPVSIPSets(b.cfg.Family); err != nil {
 		b.logger.Error(err, "Could not remove the ipvs mode's ipsets")
 	} else if n > 0 {
 		b.logger.Info("Removed the ipvs mode's ipsets", "ipsets", n)

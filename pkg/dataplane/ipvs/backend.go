@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -110,7 +111,7 @@ var ErrNoIPVS = errors.New("kernel has no IPVS")
 // kube-proxy's): the first Apply reads them and converges them, so traffic keeps flowing
 // across a restart or a switch from kube-proxy's ipvs mode.
 func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...Option) (*Backend, error) {
-	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: runningKernel, nftTables: removeNFTablesTable}
+	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: runningKernel, nftTables: leftovers.DeleteNFTablesTable}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os/exec"
 
-	"github.com/google/nftables"
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -208,38 +207,4 @@ func removeKubeProxyChains(ctx context.Context, r iptablesRunner) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// removeNFTablesTable deletes the nftables mode's table of one family (`ip kube-proxy` or
-// `ip6 kube-proxy`), reporting whether there was one.
-func removeNFTablesTable(family model.IPFamily) (bool, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return false, fmt.Errorf("netlink connection for nf_tables: %w", err)
-	}
-	tf := nftables.TableFamilyIPv4
-	if family == model.IPv6 {
-		tf = nftables.TableFamilyIPv6
-	}
-	tables, err := c.ListTablesOfFamily(tf)
-	if err != nil {
-		if isNotSupported(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("list nf_tables tables: %w", err)
-	}
-	found := false
-	for _, t := range tables {
-		if t.Name == "kube-proxy" {
-			c.DelTable(t)
-			found = true
-		}
-	}
-	if !found {
-		return false, nil
-	}
-	if err := c.Flush(); err != nil {
-		return false, fmt.Errorf("delete nftables table kube-proxy: %w", err)
-	}
-	return true, nil
 }

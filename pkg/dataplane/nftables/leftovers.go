@@ -10,11 +10,10 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/moby/ipvs"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -161,33 +160,16 @@ func iptablesCleanupInput(table string, save []byte) []byte {
 }
 
 // cleanupIPVSLeftovers removes what kube-proxy's ipvs mode leaves: its virtual servers
-// and the kube-ipvs0 dummy interface. The IPVS generic-netlink family is looked up
-// first: without IPVS in the kernel there is nothing to clean, and moby/ipvs would
-// report success for operations that did nothing. Only a node where kube-ipvs0 exists
-// (kube-proxy ran in ipvs mode) has its virtual servers flushed, so that IPVS used by
-// something else is left alone.
+// and the kube-ipvs0 dummy interface, on a node where kube-ipvs0 exists (so that IPVS used
+// by something else is left alone). On a kernel without IPVS the nftables mode leaves
+// everything alone, kube-ipvs0 included.
 func cleanupIPVSLeftovers(ctx context.Context) error {
-	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
+	if !leftovers.KernelHasIPVS() {
 		return nil
 	}
-	link, err := netlink.LinkByName("kube-ipvs0")
-	if err != nil {
-		return nil
-	}
-	h, err := ipvs.New("")
-	if err != nil {
-		return fmt.Errorf("open ipvs: %w", err)
-	}
-	defer h.Close()
-	var errs []error
-	if err := h.Flush(); err != nil {
-		errs = append(errs, fmt.Errorf("flush ipvs: %w", err))
-	}
-	if err := netlink.LinkDel(link); err != nil {
-		errs = append(errs, fmt.Errorf("delete kube-ipvs0: %w", err))
-	}
-	if len(errs) == 0 {
+	found, err := leftovers.RemoveIPVSServersAndDevice()
+	if found && err == nil {
 		klog.FromContext(ctx).Info("Removed kube-proxy ipvs leftovers")
 	}
-	return errors.Join(errs...)
+	return err
 }

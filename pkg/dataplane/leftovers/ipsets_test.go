@@ -1,4 +1,4 @@
-package iptables
+package leftovers
 
 import (
 	"errors"
@@ -10,8 +10,8 @@ import (
 )
 
 func TestIPVSIPSetNamesCoverBothFamiliesAndSluicesOwnSet(t *testing.T) {
-	v4 := ipvsIPSetNames(model.IPv4)
-	v6 := ipvsIPSetNames(model.IPv6)
+	v4 := IPVSIPSetNames(model.IPv4)
+	v6 := IPVSIPSetNames(model.IPv6)
 	for _, want := range []string{"KUBE-CLUSTER-IP", "KUBE-LOAD-BALANCER-SOURCE-CIDR", "KUBE-SLUICE-NO-LOCAL-EPS"} {
 		if !slices.Contains(v4, want) {
 			t.Errorf("IPv4 sets %v lack %s", v4, want)
@@ -56,7 +56,7 @@ func (k *fakeIPSetKernel) destroy(name string) error {
 	return nil
 }
 
-func TestRemoveIPSetsDestroysOnlyTheFamilysExistingSets(t *testing.T) {
+func TestDestroyIPSetsDestroysOnlyTheFamilysExistingSets(t *testing.T) {
 	k := &fakeIPSetKernel{
 		sets: map[string]bool{
 			"KUBE-CLUSTER-IP": true, "KUBE-SLUICE-NO-LOCAL-EPS": true,
@@ -66,7 +66,7 @@ func TestRemoveIPSetsDestroysOnlyTheFamilysExistingSets(t *testing.T) {
 		},
 		inUse: map[string]bool{"KUBE-6-IPVS-IPS": true},
 	}
-	n, err := removeIPSets(k, ipvsIPSetNames(model.IPv6))
+	n, err := destroyIPSets(k, IPVSIPSetNames(model.IPv6))
 	if err == nil || !strings.Contains(err.Error(), "KUBE-6-IPVS-IPS") {
 		t.Errorf("error = %v, want one naming the set still in use", err)
 	}
