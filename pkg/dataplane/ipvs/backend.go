@@ -527,7 +527,7 @@ func (b *Backend) removeLeftovers(ctx context.Context) {
 	if removed, err := b.opts.nftTables(b.cfg.Family); err != nil {
 		b.logger.Error(err, "Could not remove the nftables mode's table")
 	} else if removed {
-		b.logger.Info("Removed the nftables mode's table", "table", "kube-proxy")
+		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
 	}
 	if b.other != nil {
 		if n, err := removeKubeProxyChains(ctx, b.other); err != nil {
