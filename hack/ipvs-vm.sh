@@ -8,7 +8,7 @@
 #   hack/ipvs-vm.sh [options] -- CMD [ARG...]      run one command in the guest; exit with its status
 #
 # Options:
-#   --timeout S              hard limit for the whole VM run, boot included (default 900)
+#   --timeout S              hard limit for the whole VM run, boot included (default 2400)
 #   --file HOST[:GUEST]      copy a file or directory into the guest (default GUEST: /sluice/work/NAME);
 #                            /sluice/bin and /sluice/work are on the guest's PATH
 #   --share HOST:GUEST[:rw]  mount a host directory in the guest over 9p (read-only unless :rw)
@@ -18,7 +18,12 @@
 # Environment: SLUICE_CACHE (default ~/.cache/sluice; the VM parts go to $SLUICE_CACHE/vm),
 # SLUICE_VM_KERNEL (a Debian kernel package to pin, e.g. linux-image-6.1.0-56-amd64),
 # SLUICE_VM_ACCEL (tcg, the default, or kvm where /dev/kvm really works),
-# SLUICE_VM_TESTFLAGS (extra test-binary flags for the default suites, e.g. -test.run=Probe).
+# SLUICE_VM_TESTFLAGS (extra test-binary flags for the default suites, e.g. -test.run=Probe),
+# SLUICE_VM_SUITES (names of the default suites to run, e.g. "ipvs vm"; default all),
+# SLUICE_VM_TEST_TIMEOUT (each suite's -test.timeout, default 20m),
+# SLUICE_VM_ARTIFACTS (a host directory that receives the conformance suites' process logs),
+# SLUICE_CONFORMANCE_READY_TIMEOUT (the control plane's readiness limit in the guest, default 5m),
+# KUBE_APISERVER, ETCD (the control plane to run; default: hack/control-plane.sh's).
 #
 # The guest prints "<marker>=<status>" when the command ends; the marker carries a random nonce,
 # so no output of the command can fake it. Exit status: the command's, 124 on timeout, 125 when
@@ -31,15 +36,35 @@ VMDIR="${ROOT}/hack/vm"
 CACHE="${SLUICE_CACHE:-${HOME}/.cache/sluice}/vm"
 MODULE_PATH="github.com/sluiceproxy/sluice"
 
-# The default suites: name, package, build tags. Each becomes /sluice/bin/NAME.test in the guest
-# and runs in a copy of its package directory's testdata. The conformance suite joins here when it
-# exists, e.g. "conformance ./test/conformance conformance".
+# The default suites: name (for SLUICE_VM_SUITES), package, build tags, then flags for the test
+# binary. Each package is built once per build tags into /sluice/bin in the guest (suites that
+# differ only in flags share it), and each suite runs in a copy of its package's testdata.
+#
+# Suites built with the conformance tag get what test/conformance needs: sluice and the echo
+# server (built from this tree), kube-apiserver and etcd (hack/control-plane.sh, or
+# $KUBE_APISERVER and $ETCD), and the environment in conformance_env below. The conformance
+# suite runs whole against the ipvs backend; the SCTP case also runs against iptables and
+# nftables, because only the VM's kernel has SCTP (it is skipped on the CI host); so do the
+# echo server's and probe's own SCTP tests.
 SUITES=(
   "ipvs ./pkg/dataplane/ipvs kernel"
   "vm ./test/vm vm"
+  "echo ./test/echoserver/echo kernel"
+  "conformance-ipvs ./test/conformance conformance -backend=ipvs"
+  "sctp-iptables ./test/conformance conformance -backend=iptables -test.run=^TestConformance$/^SCTPClusterIPAndNodePort$"
+  "sctp-nftables ./test/conformance conformance -backend=nftables -test.run=^TestConformance$/^SCTPClusterIPAndNodePort$"
 )
 
-timeout_s=900
+# Under TCG kube-apiserver needs one to two minutes to become ready (the RBAC and other
+# bootstrap objects, each write an emulated round trip), and a restart under the suite's
+# traffic has taken over 90s, the suite's default made for the host. The flags leave out what
+# the suite never uses and what costs time at every start and request: API Priority and
+# Fairness (its bootstrap objects, per-request accounting) and the admission plugins with
+# informers or webhooks of their own (hack/vm/README.md has the measurements).
+CONFORMANCE_READY_TIMEOUT="${SLUICE_CONFORMANCE_READY_TIMEOUT:-5m}"
+CONFORMANCE_APISERVER_FLAGS="--enable-priority-and-fairness=false --disable-admission-plugins=LimitRanger,TaintNodesByCondition,Priority,DefaultTolerationSeconds,DefaultStorageClass,StorageObjectInUseProtection,PodGroupProtection,RuntimeClass,DefaultIngressClass,PodTopologyLabels,MutatingAdmissionPolicy,MutatingAdmissionWebhook,PodSecurity,PersistentVolumeClaimResize,CertificateApproval,CertificateSigning,ClusterTrustBundleAttest,CertificateSubjectRestriction,NodeDeclaredFeatureValidator,PodResizeValidator,ValidatingAdmissionPolicy,ValidatingAdmissionWebhook,ResourceQuota"
+
+timeout_s=2400
 memory=4096
 cpus=2
 keep=0
@@ -343,37 +368,90 @@ put() {
   ln -s "$host" "${overlay}${guest}"
 }
 
-# build_suites compiles the default suites and writes their runner; it prints go-test-style
-# "ok"/"FAIL" lines per package so CI logs read like `go test`.
+# build_suites compiles the default suites (those named in $SLUICE_VM_SUITES, when set) and
+# writes their runner; it prints go-test-style "ok"/"FAIL" lines per suite so CI logs read
+# like `go test` (the package, followed by the suite's flags when it has any).
 build_suites() {
   local t0; t0="$(now)"
-  local runner="$overlay/sluice/run.sh" spec name pkg tags rel
+  local runner="$overlay/sluice/run.sh" spec name pkg tags flags rel bin label env conformance=0
+  local -A built=()
   {
     echo 'rc=0'
     echo 'suite() {'
-    echo '  local pkg=$1 dir=$2 t0=$EPOCHREALTIME s; shift 2'
+    echo '  local label=$1 dir=$2 t0=$EPOCHREALTIME s; shift 2'
     echo '  (cd "$dir" && "$@"); s=$?'
     echo '  local dt; dt=$(awk -v a="$t0" -v b="$EPOCHREALTIME" '"'"'BEGIN { printf "%.3f", b - a }'"'"')'
-    echo '  if [ "$s" = 0 ]; then printf "ok  \t%s\t%ss\n" "$pkg" "$dt"; else printf "FAIL\t%s\t%ss\n" "$pkg" "$dt"; rc=1; fi'
+    echo '  if [ "$s" = 0 ]; then printf "ok  \t%s\t%ss\n" "$label" "$dt"; else printf "FAIL\t%s\t%ss\n" "$label" "$dt"; rc=1; fi'
     echo '}'
   } >"$runner"
   for spec in "${SUITES[@]}"; do
-    read -r name pkg tags <<<"$spec"
+    read -r name pkg tags flags <<<"$spec"
+    if [ -n "${SLUICE_VM_SUITES:-}" ] && [[ " ${SLUICE_VM_SUITES} " != *" ${name} "* ]]; then
+      continue
+    fi
     rel="${pkg#./}"
-    log "building ${pkg} (-tags ${tags})"
-    (cd "$ROOT" && CGO_ENABLED=0 go test -c -tags "$tags" -o "$tmp/bin/${name}.test" "$pkg") ||
-      die "building test binary for ${pkg} failed"
-    [ -x "$tmp/bin/${name}.test" ] || die "${pkg} has no tests with tags ${tags}"
-    put "$tmp/bin/${name}.test" "/sluice/bin/${name}.test"
-    mkdir -p "$overlay/sluice/src/$rel"
-    [ -d "$ROOT/$rel/testdata" ] && put "$ROOT/$rel/testdata" "/sluice/src/$rel/testdata"
-    # shellcheck disable=SC2086 # SLUICE_VM_TESTFLAGS is a list of flags
-    printf 'suite %q %q %q -test.v -test.timeout=%q%s\n' "${MODULE_PATH}/${rel}" "/sluice/src/$rel" \
-      "/sluice/bin/${name}.test" "${SLUICE_VM_TEST_TIMEOUT:-10m}" \
+    bin="/sluice/bin/${rel//\//-}.${tags}.test"
+    if [ -z "${built[$bin]:-}" ]; then
+      log "building ${pkg} (-tags ${tags})"
+      (cd "$ROOT" && CGO_ENABLED=0 go test -c -tags "$tags" -o "$tmp$bin" "$pkg") ||
+        die "building test binary for ${pkg} failed"
+      [ -x "$tmp$bin" ] || die "${pkg} has no tests with tags ${tags}"
+      put "$tmp$bin" "$bin"
+      mkdir -p "$overlay/sluice/src/$rel"
+      [ -d "$ROOT/$rel/testdata" ] && put "$ROOT/$rel/testdata" "/sluice/src/$rel/testdata"
+      built[$bin]=1
+    fi
+    label="${MODULE_PATH}/${rel}${flags:+ ${flags}}"
+    env=()
+    if [ "$tags" = conformance ]; then
+      conformance=1
+      env=(env "${conformance_env[@]}")
+    fi
+    # shellcheck disable=SC2086 # flags and SLUICE_VM_TESTFLAGS are lists of flags
+    printf 'suite %q %q%s %q -test.v -test.timeout=%q%s%s\n' "$label" "/sluice/src/$rel" \
+      "$(for e in ${env[@]+"${env[@]}"}; do printf ' %q' "$e"; done)" \
+      "$bin" "${SLUICE_VM_TEST_TIMEOUT:-20m}" \
+      "$(for f in ${flags}; do printf ' %q' "$f"; done)" \
       "$(for f in ${SLUICE_VM_TESTFLAGS:-}; do printf ' %q' "$f"; done)" >>"$runner"
   done
   echo 'exit $rc' >>"$runner"
+  if [ "$conformance" = 1 ]; then prepare_conformance; fi
   log "test binaries built ($(since "$t0")s)"
+}
+
+# The environment of the conformance suites in the guest (test/conformance/README.md).
+conformance_env=(
+  SLUICE_BIN=/sluice/bin/sluice
+  SLUICE_ECHOSERVER=/sluice/bin/echoserver
+  KUBE_APISERVER=/opt/control-plane/kube-apiserver
+  ETCD=/opt/control-plane/etcd
+  "SLUICE_CONFORMANCE_READY_TIMEOUT=${CONFORMANCE_READY_TIMEOUT}"
+  "SLUICE_CONFORMANCE_APISERVER_FLAGS=${CONFORMANCE_APISERVER_FLAGS}"
+)
+
+# prepare_conformance puts into the guest what the conformance suites run: sluice and the
+# echo server built from this tree, and the control plane (copied into the initramfs, not
+# shared over 9p: see "Passing the control-plane binaries" in hack/vm/README.md).
+prepare_conformance() {
+  log "building sluice and the echo server"
+  (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$tmp/bin/sluice" ./cmd/sluice &&
+    CGO_ENABLED=0 go build -trimpath -o "$tmp/bin/echoserver" ./test/echoserver) ||
+    die "building sluice or the echo server failed"
+  put "$tmp/bin/sluice" /sluice/bin/sluice
+  put "$tmp/bin/echoserver" /sluice/bin/echoserver
+  local apiserver="${KUBE_APISERVER:-}" etcd="${ETCD:-}"
+  if [ -z "$apiserver" ] || [ -z "$etcd" ]; then
+    local line
+    while IFS= read -r line; do
+      case "$line" in
+        KUBE_APISERVER=*) [ -n "$apiserver" ] || apiserver="${line#KUBE_APISERVER=}" ;;
+        ETCD=*) [ -n "$etcd" ] || etcd="${line#ETCD=}" ;;
+      esac
+    done < <("$ROOT/hack/control-plane.sh" --env) || die "hack/control-plane.sh failed"
+  fi
+  [ -x "$apiserver" ] && [ -x "$etcd" ] || die "no kube-apiserver or etcd (${apiserver:-unset}, ${etcd:-unset}); run make control-plane"
+  put "$apiserver" /opt/control-plane/kube-apiserver
+  put "$etcd" /opt/control-plane/etcd
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -383,6 +461,12 @@ kdir="$(fetch_kernel "$kpkg" "$kversion")"
 kver="$(cat "$kdir/release")"
 
 if [ ${#cmd[@]} -eq 0 ]; then
+  if [ -n "${SLUICE_VM_ARTIFACTS:-}" ]; then
+    # The conformance suites keep every process log there (read-write 9p share).
+    mkdir -p "$SLUICE_VM_ARTIFACTS"
+    shares+=("${SLUICE_VM_ARTIFACTS}:/sluice/artifacts:rw")
+    conformance_env+=(SLUICE_TEST_ARTIFACTS=/sluice/artifacts)
+  fi
   build_suites
 else
   printf '%q ' "${cmd[@]}" >"$overlay/sluice/run.sh"
