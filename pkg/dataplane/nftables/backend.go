@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -97,7 +97,7 @@ func withFault(fault func(types.NamespacedName) faultKind) Option {
 // kube-proxy table: the first Apply reads it (whoever wrote it, sluice or upstream
 // kube-proxy) and converges it, without flushing.
 func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, error) {
-	o := options{limits: defaultBatchLimits, localAddrs: interfaceAddrs, now: time.Now}
+	o := options{limits: defaultBatchLimits, localAddrs: hostnet.InterfaceAddrs, now: time.Now}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -348,23 +348,6 @@ func (b *Backend) layout(desired *model.NodeState) *layoutConfig {
 		nodePortCIDRs:    b.cfg.NodePortAddresses.CIDRs,
 		serviceCIDRs:     desired.ServiceCIDRs,
 	}
-}
-
-// interfaceAddrs lists the addresses of this network namespace's interfaces.
-func interfaceAddrs() ([]netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("list interface addresses: %w", err)
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if ipn, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
-				out = append(out, ip.Unmap())
-			}
-		}
-	}
-	return out, nil
 }
 
 // Cleanup deletes the kube-proxy table of one family (for `sluice cleanup` and mode

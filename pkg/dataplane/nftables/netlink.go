@@ -40,6 +40,19 @@ type conn struct {
 	sndbuf, rcvbuf int
 	// stats count what went over the socket, for tests and benchmarks.
 	stats connStats
+	// recvBuf and sendBuf are reused by every exchange (under mu). A full resync dumps
+	// hundreds of sets and rules; a fresh receive buffer for each of them was most of
+	// the garbage of a sync at 10 000 Services, and garbage is what raises peak RSS.
+	recvBuf, sendBuf []byte
+}
+
+// recvBuffer returns the connection's receive buffer; messages read into it must be
+// copied before the next exchange (callers hold mu).
+func (c *conn) recvBuffer() []byte {
+	if c.recvBuf == nil {
+		c.recvBuf = make([]byte, 1<<20)
+	}
+	return c.recvBuf
 }
 
 // connStats counts netlink traffic.
@@ -198,7 +211,10 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	c.seq += uint32(count) + 2
 
 	var b msgBuilder
-	b.buf = make([]byte, 0, len(msgs)+64)
+	if cap(c.sendBuf) < len(msgs)+64 {
+		c.sendBuf = make([]byte, 0, len(msgs)+64)
+	}
+	b.buf = c.sendBuf[:0]
 	b.begin(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables) // res_id
 	b.end()
@@ -241,7 +257,7 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	var errs []batchError
 	lastSeq := base + uint32(count)
 	acked := false
-	rbuf := make([]byte, 1<<16)
+	rbuf := c.recvBuffer()
 	for {
 		n, _, err := unix.Recvfrom(c.fd, rbuf, unix.MSG_DONTWAIT)
 		if err == unix.EAGAIN || err == unix.EWOULDBLOCK {
@@ -362,7 +378,7 @@ func (c *conn) dump(msgType uint16, family byte, attrs func(b *msgBuilder), fn f
 		return fmt.Errorf("send dump request: %w", err)
 	}
 	c.stats.Dumps++
-	rbuf := make([]byte, 1<<20)
+	rbuf := c.recvBuffer()
 	interrupted := false
 	for {
 		n, _, err := unix.Recvfrom(c.fd, rbuf, 0)
@@ -421,7 +437,7 @@ func (c *conn) request(msgType uint16, family byte, attrs func(b *msgBuilder)) (
 	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("send request: %w", err)
 	}
-	rbuf := make([]byte, 1<<16)
+	rbuf := c.recvBuffer()
 	var answer *nlMsg
 	for {
 		n, _, err := unix.Recvfrom(c.fd, rbuf, 0)

@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -43,7 +44,7 @@ func TestColdStartAtScaleKeepsForwarding(t *testing.T) {
 	tp.addPod("pod-a", "10.180.0.1")
 	sentinel := svc("t", "sentinel", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:80@local").build()
 
-	b := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(interfaceAddrs))
+	b := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(hostnet.InterfaceAddrs))
 	small := nodeState(model.IPv4, sentinel)
 	mustApply(t, b, small, model.Changes{Full: true})
 
@@ -80,7 +81,7 @@ func TestColdStartAtScaleKeepsForwarding(t *testing.T) {
 
 	// The same change on a table holding two Services.
 	resetTable(t)
-	b2 := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(interfaceAddrs))
+	b2 := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(hostnet.InterfaceAddrs))
 	mustApply(t, b2, small2, model.Changes{Full: true})
 	moveOneEndpoint(small2, target, "10.250.0.1:8080")
 	mustApply(t, b2, small2, changed("ns7/svc7"))

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -64,7 +65,7 @@ func trafficSetup(t *testing.T, f model.IPFamily) (*topology, *Backend, *model.N
 		tp.addPod("pod-c", "10.180.0.3")
 	}
 	cfg := testConfig(f)
-	b := newTestBackend(t, cfg, WithLocalAddresses(interfaceAddrs))
+	b := newTestBackend(t, cfg, WithLocalAddresses(hostnet.InterfaceAddrs))
 	ns := nodeState(f, trafficServices(f)...)
 	mustApply(t, b, ns, model.Changes{Full: true})
 	return tp, b, ns
@@ -357,7 +358,7 @@ func TestRestartWithoutDisruption(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	for i := 0; i < 3; i++ {
 		// A new process: new socket, empty model, full sync over the existing table.
-		b2 := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(interfaceAddrs))
+		b2 := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(hostnet.InterfaceAddrs))
 		mustApply(t, b2, ns, model.Changes{Full: true})
 		if st := b2.LastStats(); st.Operations != 0 {
 			t.Errorf("restart planned %d operations over an up-to-date table:\n%s", st.Operations, b2.lastPlan)
