@@ -59,9 +59,6 @@ type applier struct {
 	limits batchLimits
 	// fault, in tests, adds a bad message to the groups of some Services.
 	fault func(svc types.NamespacedName) faultKind
-	// encBuf is the encoding buffer batches reuse (a cold start sends dozens of
-	// batches of up to limits.bytes).
-	encBuf []byte
 }
 
 // faultKind is a bad message tests inject into a Service's group.
@@ -201,7 +198,7 @@ func groupSize(g *group) (int, int) {
 func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult) {
 	for len(groups) > 0 && res.err == nil {
 		enc := newEncoder(a.f)
-		enc.b.buf = a.encBuf[:0]
+		enc.b.buf = getBatchBuffer(64 << 10)
 		var where []opRef
 		for gi, g := range groups {
 			for oi := range g.ops {
@@ -222,7 +219,7 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 			}
 		}
 		errs, err := a.c.sendBatch(enc.b.buf, enc.count)
-		a.encBuf = enc.b.buf[:0]
+		putBatchBuffer(enc.b.buf)
 		if err != nil {
 			res.err = err
 			return

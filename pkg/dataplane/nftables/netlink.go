@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -40,19 +41,40 @@ type conn struct {
 	sndbuf, rcvbuf int
 	// stats count what went over the socket, for tests and benchmarks.
 	stats connStats
-	// recvBuf and sendBuf are reused by every exchange (under mu). A full resync dumps
-	// hundreds of sets and rules; a fresh receive buffer for each of them was most of
-	// the garbage of a sync at 10 000 Services, and garbage is what raises peak RSS.
-	recvBuf, sendBuf []byte
+	// recvBuf is reused by every exchange (under mu): a full resync dumps hundreds of
+	// sets and rules, and a fresh buffer for each was most of a resync's garbage.
+	recvBuf []byte
 }
 
 // recvBuffer returns the connection's receive buffer; messages read into it must be
-// copied before the next exchange (callers hold mu).
+// copied before the next exchange (callers hold mu). One datagram of a dump is at most
+// 32 KiB (the kernel caps its dump allocations there), answers to a batch are smaller.
 func (c *conn) recvBuffer() []byte {
 	if c.recvBuf == nil {
-		c.recvBuf = make([]byte, 1<<20)
+		c.recvBuf = make([]byte, 64<<10)
 	}
 	return c.recvBuf
+}
+
+// batchBuffers hold the bytes of batches between the batches of a sync. A pool rather
+// than a field: a cold start sends dozens of batches of up to 4 MiB and should not
+// allocate each anew, but an idle proxy should not keep them (the pool lets the garbage
+// collector take them).
+var batchBuffers sync.Pool
+
+// getBatchBuffer returns an empty buffer, with room for n bytes when it is a new one
+// (a pooled one grows by append when it is short).
+func getBatchBuffer(n int) []byte {
+	if p, ok := batchBuffers.Get().(*[]byte); ok {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+// putBatchBuffer gives b back for a later batch.
+func putBatchBuffer(b []byte) {
+	b = b[:0]
+	batchBuffers.Put(&b)
 }
 
 // connStats counts netlink traffic.
@@ -211,10 +233,9 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	c.seq += uint32(count) + 2
 
 	var b msgBuilder
-	if cap(c.sendBuf) < len(msgs)+64 {
-		c.sendBuf = make([]byte, 0, len(msgs)+64)
-	}
-	b.buf = c.sendBuf[:0]
+	b.buf = getBatchBuffer(len(msgs) + 64)
+	b.buf = slices.Grow(b.buf, len(msgs)+64)
+	defer func() { putBatchBuffer(b.buf) }()
 	b.begin(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
 	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables) // res_id
 	b.end()
