@@ -105,6 +105,9 @@ func runProxy(ctx context.Context, fs *pflag.FlagSet, opts *config.Options) erro
 	for _, flag := range opts.IgnoredFlags {
 		logger.Info("Warning: flag ignored because --config is given", "flag", flag, "config", opts.ConfigFile)
 	}
+	if len(opts.IgnoredFeatureGates) > 0 {
+		logger.Info("Warning: "+config.IgnoredFeatureGatesWarning(opts.IgnoredFeatureGates), "ignoredGates", opts.IgnoredFeatureGates)
+	}
 
 	if opts.WriteConfigTo != "" {
 		if err := config.WriteFile(opts.WriteConfigTo, opts.Config); err != nil {

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/textlogger"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/version"
@@ -99,9 +101,9 @@ func TestBadConfigurationExitsOneNamingTheField(t *testing.T) {
 		{name: "unknown flag",
 			args: []string{"--iptables-sync-perod=1s"},
 			want: "unknown flag"},
-		{name: "unknown feature gate",
-			args: []string{"--feature-gates=NoSuchGate=true"},
-			want: "unrecognized feature gate: NoSuchGate"},
+		{name: "locked feature gate",
+			args: []string{"--feature-gates=MultiCIDRServiceAllocator=false"},
+			want: "locked to true"},
 		{name: "stray argument",
 			args: []string{"nftables"},
 			want: "unknown command"},
@@ -116,6 +118,21 @@ func TestBadConfigurationExitsOneNamingTheField(t *testing.T) {
 				t.Errorf("stderr %q does not mention %q", stderr, tt.want)
 			}
 		})
+	}
+}
+
+// A gate upstream knows from the rest of Kubernetes (or one nobody knows) does not stop
+// sluice: it starts where upstream starts, and says which gates it ignored.
+func TestUnknownFeatureGateIsAWarning(t *testing.T) {
+	var logs, stdout, stderr bytes.Buffer
+	ctx := klog.NewContext(context.Background(), textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&logs))))
+	out := filepath.Join(t.TempDir(), "sluice.yaml")
+	code := execute(ctx, []string{"--write-config-to", out, "--feature-gates=InPlacePodVerticalScaling=true,NFTablesNetlink=false"}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit code %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(logs.String(), "ignoring InPlacePodVerticalScaling") {
+		t.Errorf("log %q does not warn about the ignored gate", logs.String())
 	}
 }
 

@@ -104,19 +104,42 @@ func knownFeatureNames(gate featuregate.FeatureGate) []string {
 }
 
 // setFeatureGates applies featureGates (the config file's map or --feature-gates) to a
-// fresh gate set. An unknown gate's error lists the gates sluice knows. On error the
-// returned gate set holds the defaults.
-func setFeatureGates(featureGates map[string]bool) (featuregate.MutableVersionedFeatureGate, error) {
+// fresh gate set, and returns the names it ignored: the gates sluice does not know.
+//
+// Upstream kube-proxy registers every Kubernetes feature gate (it shares the whole
+// project's registry), so a configuration that sets a gate of another component, as
+// clusters that hand the same featureGates to every component do, starts upstream. A gate
+// sluice does not know cannot change what kube-proxy 1.37 programs, so sluice starts too
+// and names the ignored gates in a warning instead of refusing the file: a drop-in
+// replacement must start wherever upstream starts. (A misspelt gate, which upstream would
+// refuse, is warned about the same way.) A known gate set to a value it cannot take (a
+// locked one) is still an error; on error the returned gate set holds the defaults.
+func setFeatureGates(featureGates map[string]bool) (featuregate.MutableVersionedFeatureGate, []string, error) {
 	gate := NewFeatureGate()
-	if err := gate.SetFromMap(featureGates); err != nil {
+	known := gate.GetAll()
+	apply := make(map[string]bool, len(featureGates))
+	var ignored []string
+	for name, on := range featureGates {
+		if _, ok := known[featuregate.Feature(name)]; !ok {
+			ignored = append(ignored, name)
+			continue
+		}
+		apply[name] = on
+	}
+	slices.Sort(ignored)
+	if err := gate.SetFromMap(apply); err != nil {
 		// A failed SetFromMap keeps nothing of the map; hand back an untouched gate set so
 		// that the rest of validation runs against the defaults.
-		if strings.Contains(err.Error(), "unrecognized feature gate") {
-			err = fmt.Errorf("%w (known gates: %s)", err, strings.Join(knownFeatureNames(gate), ", "))
-		}
-		return NewFeatureGate(), err
+		return NewFeatureGate(), ignored, err
 	}
-	return gate, nil
+	return gate, ignored, nil
+}
+
+// IgnoredFeatureGatesWarning is the warning for the gates setFeatureGates ignored; it names
+// the gates sluice knows, so that a misspelt one is easy to spot.
+func IgnoredFeatureGatesWarning(ignored []string) string {
+	return fmt.Sprintf("featureGates: ignoring %s: not a gate that changes what kube-proxy %s programs (sluice knows %s)",
+		strings.Join(ignored, ", "), UpstreamVersion, strings.Join(knownFeatureNames(NewFeatureGate()), ", "))
 }
 
 // featureGatesHelp lists the gates for --feature-gates' help: component-base's list of the

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,11 +46,12 @@ func TestFeatureGateDefaultsAt137(t *testing.T) {
 
 func TestSetFeatureGates(t *testing.T) {
 	tests := []struct {
-		name    string
-		in      map[string]bool
-		wantErr string
-		check   featuregate.Feature
-		want    bool
+		name        string
+		in          map[string]bool
+		wantErr     string
+		check       featuregate.Feature
+		want        bool
+		wantIgnored []string
 	}{
 		{name: "alpha gate turned on", in: map[string]bool{"KubeProxyNFTablesLocalhostNodePorts": true},
 			check: KubeProxyNFTablesLocalhostNodePorts, want: true},
@@ -59,15 +61,20 @@ func TestSetFeatureGates(t *testing.T) {
 			check: AllowServiceExternalIPs, want: false},
 		{name: "locked gate cannot change", in: map[string]bool{"MultiCIDRServiceAllocator": false},
 			wantErr: "locked to true", check: MultiCIDRServiceAllocator, want: true},
-		{name: "unknown gate is an error listing known gates", in: map[string]bool{"InPlacePodVerticalScaling": true},
-			wantErr: "unrecognized feature gate: InPlacePodVerticalScaling (known gates: AllowServiceExternalIPs, ComponentFlagz",
-			check:   NFTablesNetlink, want: true},
-		{name: "a failed map leaves the defaults", in: map[string]bool{"NFTablesNetlink": false, "Bogus": true},
-			wantErr: "unrecognized", check: NFTablesNetlink, want: true},
+		{name: "another component's gate is ignored, as upstream's full registry accepts it",
+			in:    map[string]bool{"InPlacePodVerticalScaling": true, "NFTablesNetlink": false},
+			check: NFTablesNetlink, want: false, wantIgnored: []string{"InPlacePodVerticalScaling"}},
+		{name: "a misspelt gate is ignored and reported", in: map[string]bool{"KubeProxyIPVs": false},
+			check: KubeProxyIPVS, want: true, wantIgnored: []string{"KubeProxyIPVs"}},
+		{name: "a failed map leaves the defaults", in: map[string]bool{"NFTablesNetlink": false, "MultiCIDRServiceAllocator": false},
+			wantErr: "locked to true", check: NFTablesNetlink, want: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			gate, err := setFeatureGates(tt.in)
+			gate, ignored, err := setFeatureGates(tt.in)
+			if !slices.Equal(ignored, tt.wantIgnored) {
+				t.Errorf("ignored = %v, want %v", ignored, tt.wantIgnored)
+			}
 			if tt.wantErr == "" && err != nil {
 				t.Fatalf("unexpected error: %v", err)
 			}

@@ -50,6 +50,9 @@ type Options struct {
 	// FeatureGates holds Config.FeatureGates applied over the defaults of the gates sluice
 	// knows (see NewFeatureGate), set by Complete.
 	FeatureGates featuregate.FeatureGate
+	// IgnoredFeatureGates are the gates of Config.FeatureGates that sluice does not know
+	// and ignored (sorted; see IgnoredFeatureGatesWarning), set by Complete.
+	IgnoredFeatureGates []string
 	// IgnoredFlags names the flags given on the command line that had no effect because
 	// --config replaced them, so that the caller can warn about them (upstream ignores
 	// them silently).
@@ -287,7 +290,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 		return fmt.Errorf("--backend: %q is not a backend override; the only one is \"recording\"", o.Backend)
 	}
 
-	errs, gate := validate(cfg)
+	errs, gate, ignoredGates := validate(cfg)
 	if len(errs) > 0 {
 		return &ValidationError{Source: o.ConfigFile, Errors: errs}
 	}
@@ -305,6 +308,7 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	o.Config = cfg
 	o.Effective = effective
 	o.FeatureGates = gate
+	o.IgnoredFeatureGates = ignoredGates
 	return nil
 }
 

@@ -27,16 +27,16 @@ import (
 // always checked. Unlike upstream, an unknown mode lists the valid ones and mode ipvs is
 // refused with its own message when the KubeProxyIPVS gate is off.
 func Validate(cfg *v1alpha1.KubeProxyConfiguration) field.ErrorList {
-	errs, _ := validate(cfg)
+	errs, _, _ := validate(cfg)
 	return errs
 }
 
 // validate is Validate that also returns the feature gate set it evaluated (the defaults
-// when featureGates is invalid).
-func validate(cfg *v1alpha1.KubeProxyConfiguration) (field.ErrorList, featuregate.FeatureGate) {
+// when featureGates is invalid) and the gates it ignored (see setFeatureGates).
+func validate(cfg *v1alpha1.KubeProxyConfiguration) (field.ErrorList, featuregate.FeatureGate, []string) {
 	var errs field.ErrorList
 
-	gate, err := setFeatureGates(cfg.FeatureGates)
+	gate, ignoredGates, err := setFeatureGates(cfg.FeatureGates)
 	if err != nil {
 		errs = append(errs, field.Invalid(field.NewPath("featureGates"), cfg.FeatureGates, err.Error()))
 	}
@@ -85,7 +85,7 @@ func validate(cfg *v1alpha1.KubeProxyConfiguration) (field.ErrorList, featuregat
 	errs = append(errs, validateShowHiddenMetricsForVersion(cfg.ShowHiddenMetricsForVersion, field.NewPath("showHiddenMetricsForVersion"))...)
 	errs = append(errs, validateDetectLocal(cfg, field.NewPath("detectLocalMode"))...)
 	errs = append(errs, logsapi.Validate(&cfg.Logging, gate, field.NewPath("logging"))...)
-	return errs, gate
+	return errs, gate, ignoredGates
 }
 
 // syncSectionPath is the section whose syncPeriod and minSyncPeriod a mode uses: ipvs and
