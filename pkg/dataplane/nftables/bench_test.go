@@ -143,6 +143,35 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 	}
 }
 
+// BenchmarkOneEndpointServiceMoves: the endpoint of a one-endpoint Service moves. Its
+// endpoint is written in the Service's rule (no map), so the move rewrites that rule; the
+// scale benchmark's sentinel is such a Service.
+func BenchmarkOneEndpointServiceMoves(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			resetTable(b)
+			be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
+			ns := scaleState(model.IPv4, n, 10)
+			target := types.NamespacedName{Namespace: "t", Name: "single"}
+			single := svc("t", "single", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:8080").build()
+			ns.SetService(target, []*model.ServicePort{single}, nil)
+			mustApply(b, be, ns, model.Changes{Full: true})
+			ch := changed("t/single")
+			i := 0
+			var st ApplyStats
+			c0 := cpuTime()
+			for b.Loop() {
+				i++
+				moveOneEndpoint(ns, target, fmt.Sprintf("10.250.%d.%d:8080", (i/250)%250, i%250+1))
+				mustApply(b, be, ns, ch)
+				st = be.LastStats()
+			}
+			reportStats(b, st)
+			b.ReportMetric(float64((cpuTime()-c0).Microseconds())/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
+
 // BenchmarkFirstPacket: the time to connect (TCP handshake through DNAT: a new
 // connection's first packet goes through the rules) to a ClusterIP, with N Services x 10
 // endpoints in the table. The connects run in the client namespace, one after the
