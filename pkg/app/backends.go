@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 
 	"k8s.io/klog/v2"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane/ipvs"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/nftables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -91,7 +91,7 @@ func supportedFamilies(ctx context.Context, mode dataplane.Mode) []model.IPFamil
 		klog.FromContext(ctx).Info("IPv6 is not available; proxying IPv4 only")
 		return families
 	}
-	if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/all/disable_ipv6"); err == nil && strings.TrimSpace(string(b)) == "1" {
+	if v, err := (hostnet.ProcSys{}).Get("net/ipv6/conf/all/disable_ipv6"); err == nil && v == 1 {
 		klog.FromContext(ctx).Info("IPv6 is disabled; proxying IPv4 only")
 		return families
 	}
