@@ -120,43 +120,35 @@ func BenchmarkReplaceInOneTransaction(b *testing.B) {
 // BenchmarkOneEndpointChange: one endpoint of one Service moves, on a table of N
 // Services x 10 endpoints.
 func BenchmarkOneEndpointChange(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			resetTable(b)
-			be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
-			ns := scaleState(model.IPv4, n, 10)
-			mustApply(b, be, ns, model.Changes{Full: true})
-			target := types.NamespacedName{Namespace: "ns7", Name: "svc7"}
-			ch := changed("ns7/svc7")
-			i := 0
-			var st ApplyStats
-			c0 := cpuTime()
-			for b.Loop() {
-				i++
-				moveOneEndpoint(ns, target, fmt.Sprintf("10.250.%d.%d:8080", (i/250)%250, i%250+1))
-				mustApply(b, be, ns, ch)
-				st = be.LastStats()
-			}
-			reportStats(b, st)
-			b.ReportMetric(float64((cpuTime()-c0).Microseconds())/float64(b.N), "cpu-µs/op")
-		})
-	}
+	benchEndpointMoves(b, func(*model.NodeState) types.NamespacedName {
+		return types.NamespacedName{Namespace: "ns7", Name: "svc7"}
+	})
 }
 
 // BenchmarkOneEndpointServiceMoves: the endpoint of a one-endpoint Service moves. Its
 // endpoint is written in the Service's rule (no map), so the move rewrites that rule; the
 // scale benchmark's sentinel is such a Service.
 func BenchmarkOneEndpointServiceMoves(b *testing.B) {
+	benchEndpointMoves(b, func(ns *model.NodeState) types.NamespacedName {
+		target := types.NamespacedName{Namespace: "t", Name: "single"}
+		single := svc("t", "single", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:8080").build()
+		ns.SetService(target, []*model.ServicePort{single}, nil)
+		return target
+	})
+}
+
+// benchEndpointMoves loads N Services x 10 endpoints (plus what addTarget adds), then
+// moves the last endpoint of addTarget's Service once per iteration, one partial sync
+// each.
+func benchEndpointMoves(b *testing.B, addTarget func(*model.NodeState) types.NamespacedName) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			resetTable(b)
 			be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
 			ns := scaleState(model.IPv4, n, 10)
-			target := types.NamespacedName{Namespace: "t", Name: "single"}
-			single := svc("t", "single", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:8080").build()
-			ns.SetService(target, []*model.ServicePort{single}, nil)
+			target := addTarget(ns)
 			mustApply(b, be, ns, model.Changes{Full: true})
-			ch := changed("t/single")
+			ch := changed(target.String())
 			i := 0
 			var st ApplyStats
 			c0 := cpuTime()
