@@ -103,6 +103,27 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // ErrNoIPVS is returned by New on a kernel without IPVS.
 var ErrNoIPVS = errors.New("kernel has no IPVS")
 
+// checkInputs checks the configuration New and Render share and returns settings
+// completed (default scheduler) and narrowed to cfg's family (ExcludeCIDRs).
+func checkInputs(cfg dataplane.Config, settings Settings) (Settings, error) {
+	if cfg.Family != model.IPv4 && cfg.Family != model.IPv6 {
+		return settings, fmt.Errorf("unknown IP family %v", cfg.Family)
+	}
+	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
+		return settings, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
+	}
+	if settings.Scheduler == "" {
+		settings.Scheduler = DefaultScheduler
+	}
+	if !model.ValidIPVSScheduler(settings.Scheduler) {
+		return settings, fmt.Errorf("ipvs.scheduler %q is not an IPVS scheduler (want one of rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, fo, ovf, twos)", settings.Scheduler)
+	}
+	settings.ExcludeCIDRs = slices.DeleteFunc(slices.Clone(settings.ExcludeCIDRs), func(p netip.Prefix) bool {
+		return model.FamilyOf(p.Addr()) != cfg.Family
+	})
+	return settings, nil
+}
+
 // New checks that this kernel can run the ipvs mode, sets the sysctls it needs and returns
 // the Backend of cfg.Family. It fails, rather than programming nothing, when the kernel has
 // no IPVS or lacks the configured scheduler.
@@ -115,21 +136,10 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if cfg.Family != model.IPv4 && cfg.Family != model.IPv6 {
-		return nil, fmt.Errorf("ipvs backend: unknown IP family %v", cfg.Family)
+	settings, err := checkInputs(cfg, settings)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs backend: %w", err)
 	}
-	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("ipvs backend: masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
-	}
-	if settings.Scheduler == "" {
-		settings.Scheduler = DefaultScheduler
-	}
-	if !model.ValidIPVSScheduler(settings.Scheduler) {
-		return nil, fmt.Errorf("ipvs.scheduler %q is not an IPVS scheduler (want one of rr, wrr, lc, wlc, lblc, lblcr, dh, sh, sed, nq, mh, fo, ovf, twos)", settings.Scheduler)
-	}
-	settings.ExcludeCIDRs = slices.DeleteFunc(slices.Clone(settings.ExcludeCIDRs), func(p netip.Prefix) bool {
-		return model.FamilyOf(p.Addr()) != cfg.Family
-	})
 	if err := requireIPVS(o.supported, settings.Scheduler); err != nil {
 		return nil, err
 	}

@@ -61,25 +61,13 @@ func Render(state *model.NodeState, cfg dataplane.Config, settings Settings, opt
 
 // renderSync plans a full sync of state on an empty node with the inputs Apply would use.
 func renderSync(state *model.NodeState, cfg dataplane.Config, settings Settings, opts RenderOptions) (*renderedSync, error) {
-	if cfg.Family != model.IPv4 && cfg.Family != model.IPv6 {
-		return nil, fmt.Errorf("ipvs render: unknown IP family %v", cfg.Family)
+	settings, err := checkInputs(cfg, settings)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs render: %w", err)
 	}
 	if state == nil || state.Family != cfg.Family {
 		return nil, fmt.Errorf("ipvs render: want a %s state", cfg.Family)
 	}
-	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("ipvs render: masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
-	}
-	// As New does.
-	if settings.Scheduler == "" {
-		settings.Scheduler = DefaultScheduler
-	}
-	if !model.ValidIPVSScheduler(settings.Scheduler) {
-		return nil, fmt.Errorf("ipvs render: ipvs.scheduler %q is not an IPVS scheduler", settings.Scheduler)
-	}
-	settings.ExcludeCIDRs = slices.DeleteFunc(slices.Clone(settings.ExcludeCIDRs), func(p netip.Prefix) bool {
-		return model.FamilyOf(p.Addr()) != cfg.Family
-	})
 
 	addrs := opts.LocalAddresses
 	if addrs == nil {
