@@ -181,6 +181,42 @@ var (
 	}, []string{"kind"})
 )
 
+// Descriptions of the node's conntrack table and of the kernel's conntrack statistics. A
+// collector in pkg/conntrack reads them over netlink when /metrics is scraped, in every
+// mode (registered with MustRegisterCollector). They describe the network namespace sluice
+// runs in (the host's, for a DaemonSet with hostNetwork).
+//
+// The kernel keeps each statistic per CPU as a 32-bit number; sluice adds the CPUs up and
+// carries the wrap-arounds it sees between two reads, so each is a true counter.
+var (
+	ConntrackEntriesDesc = prometheus.NewDesc("sluice_conntrack_entries",
+		"Entries in the conntrack table of sluice's network namespace", nil, nil)
+	ConntrackLimitDesc = prometheus.NewDesc("sluice_conntrack_limit",
+		"Entries the conntrack table may hold (nf_conntrack_max, host-wide; 0 means no limit)", nil, nil)
+	ConntrackFoundDesc = prometheus.NewDesc("sluice_conntrack_found_total",
+		"Conntrack lookups that found an existing entry (kernel statistic found)", nil, nil)
+	ConntrackInvalidDesc = prometheus.NewDesc("sluice_conntrack_invalid_total",
+		"Packets conntrack could not track and marked invalid (kernel statistic invalid)", nil, nil)
+	ConntrackInsertDesc = prometheus.NewDesc("sluice_conntrack_insert_total",
+		"Conntrack entries inserted into the table (kernel statistic insert)", nil, nil)
+	ConntrackInsertFailedDesc = prometheus.NewDesc("sluice_conntrack_insert_failed_total",
+		"New conntrack entries that could not be inserted, their packet dropped (kernel statistic insert_failed)", nil, nil)
+	ConntrackDropDesc = prometheus.NewDesc("sluice_conntrack_drop_total",
+		"Packets dropped because no conntrack entry could be created for them, mostly a full table (kernel statistic drop)", nil, nil)
+	ConntrackEarlyDropDesc = prometheus.NewDesc("sluice_conntrack_early_drop_total",
+		"Conntrack entries evicted to make room in a full table (kernel statistic early_drop)", nil, nil)
+	ConntrackErrorDesc = prometheus.NewDesc("sluice_conntrack_error_total",
+		"Packets conntrack's protocol trackers rejected as erroneous, such as bad ICMP errors (kernel statistic error)", nil, nil)
+	ConntrackSearchRestartDesc = prometheus.NewDesc("sluice_conntrack_search_restart_total",
+		"Conntrack table lookups restarted because the table changed under them (kernel statistic search_restart)", nil, nil)
+	ConntrackClashResolveDesc = prometheus.NewDesc("sluice_conntrack_clash_resolve_total",
+		"Clashes between concurrent new entries for one flow that the kernel resolved without a drop (kernel statistic clash_resolve)", nil, nil)
+	ConntrackChainTooLongDesc = prometheus.NewDesc("sluice_conntrack_chain_toolong_total",
+		"New conntrack entries refused, their packet dropped, because their hash chain was too long (kernel statistic chain_toolong)", nil, nil)
+	ConntrackReadFailuresDesc = prometheus.NewDesc("sluice_conntrack_read_failures_total",
+		"Failed reads of the conntrack table's size and statistics", nil, nil)
+)
+
 // Registry holds every metric sluice serves on /metrics.
 var Registry = prometheus.NewRegistry()
 
