@@ -69,6 +69,7 @@ func Run(ctx context.Context, o *config.Options) error {
 		mode = dataplane.Mode(o.Backend)
 	}
 	metrics.Register(string(e.Mode))
+	conntrackHealth := registerConntrackHealth(logger)
 
 	broadcaster := events.NewBroadcaster(client)
 	if err := broadcaster.Start(ctx); err != nil {
@@ -150,7 +151,7 @@ func Run(ctx context.Context, o *config.Options) error {
 		}
 	}
 
-	servers := &servers{options: o, mode: mode, tracker: tracker, loop: loop, families: families, reporter: reporter}
+	servers := &servers{options: o, mode: mode, tracker: tracker, loop: loop, families: families, reporter: reporter, conntrack: conntrackHealth}
 	go servers.runHealthz(ctx, proxyHealth, cancel)
 	go servers.runMetrics(ctx, cancel)
 	if o.ConfigFile != "" {

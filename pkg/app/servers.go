@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/health"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
@@ -40,12 +41,18 @@ type StatusReport struct {
 	Mode     string         `json:"mode"`
 	Backend  string         `json:"backend"`
 	Families []FamilyReport `json:"families"`
+	// Conntrack is the node's conntrack table: its size, limit and the kernel's statistics
+	// (or why they could not be read), read when the report is made.
+	Conntrack *conntrack.Status `json:"conntrack,omitempty"`
 }
 
 // FamilyReport is one family's desired state and sync outcome.
 type FamilyReport struct {
 	Status syncloop.FamilyStatus `json:"status"`
 	State  model.StateView       `json:"state"`
+	// Unapplied lists ("namespace/name") the Services whose state above has not been
+	// programmed yet: changed since the last successful sync, or failed in it.
+	Unapplied []string `json:"unapplied,omitempty"`
 }
 
 type servers struct {
@@ -55,6 +62,8 @@ type servers struct {
 	loop     *syncloop.Loop
 	families []model.IPFamily
 	reporter interface{ NodeWarning(reason, msg string) bool }
+	// conntrack reads the conntrack table's health for the report; nil leaves it out.
+	conntrack *conntrack.Monitor
 }
 
 // report builds a StatusReport from the tracker's current state.
@@ -69,7 +78,13 @@ func (s *servers) report() StatusReport {
 		if st := s.tracker.Snapshot(f); st != nil {
 			fr.State = st.View()
 		}
+		for _, name := range s.tracker.Unapplied(f) {
+			fr.Unapplied = append(fr.Unapplied, name.String())
+		}
 		r.Families = append(r.Families, fr)
+	}
+	if s.conntrack != nil {
+		r.Conntrack = s.conntrack.Status()
 	}
 	return r
 }
