@@ -2,13 +2,19 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/google/go-cmp/cmp"
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -18,6 +24,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/app"
 	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/pkg/syncloop"
 )
@@ -123,11 +130,22 @@ func TestStatus(t *testing.T) {
 			wantOut: []string{
 				"sluice on node node-a: mode nftables, read from http",
 				"IPv4: last sync 2026-03-04T", "ago), full, took 4ms; 7 syncs",
-				"SERVICE         PORT         TYPE          STATUS      CLUSTER(ready/term)  LOCAL(ready/term)",
-				// web: 10.244.1.10 ready, 10.244.2.10 terminating: the Cluster list holds the ready one only.
-				"demo/web        http:80/TCP  ClusterIP     programmed  1/0                  -",
-				"demo/web-local  http:80/TCP  LoadBalancer  programmed  2/0                  1/0",
+				"  2 Service ports: 2 programmed, 0 failed, 0 pending\n",
+				"(only failed and pending ports are listed; --all lists all 2,",
 			},
+			notOut: []string{"SERVICE", "demo/web"},
+		},
+		{
+			name:   "--all lists every port",
+			server: func(t *testing.T) string { return fakeDaemon(t, testReport(nil)).URL },
+			args:   []string{"--all"},
+			wantOut: []string{
+				"SERVICE         PORT         TYPE          STATUS      CLUSTER  LOCAL",
+				// web: 10.244.1.10 ready, 10.244.2.10 terminating: the Cluster list holds the ready one only.
+				"demo/web        http:80/TCP  ClusterIP     programmed  1/0      -",
+				"demo/web-local  http:80/TCP  LoadBalancer  programmed  2/0      1/0",
+			},
+			notOut: []string{"only failed and pending"},
 		},
 		{
 			name: "a failed Service",
@@ -137,7 +155,9 @@ func TestStatus(t *testing.T) {
 				})).URL
 			},
 			wantCode: exitServicesFailed,
-			wantOut:  []string{"demo/web-local  http:80/TCP  LoadBalancer  FAILED", "demo/web-local failed: nftables: adding element: invalid argument", "demo/web        http:80/TCP  ClusterIP     programmed"},
+			wantOut: []string{"2 Service ports: 1 programmed, 1 failed, 0 pending", "demo/web-local  http:80/TCP  LoadBalancer  FAILED",
+				"demo/web-local failed: nftables: adding element: invalid argument"},
+			notOut: []string{"demo/web  "},
 		},
 		{
 			name: "a failed sync",
@@ -148,7 +168,7 @@ func TestStatus(t *testing.T) {
 				})).URL
 			},
 			wantCode: exitServicesFailed,
-			wantOut:  []string{"ago), failed, took 4ms", "last success 2026-03-04T", "last sync FAILED: netlink: operation not permitted", "unknown (last sync failed)"},
+			wantOut:  []string{"ago), failed, took 4ms", "last success 2026-03-04T", "last sync FAILED: netlink: operation not permitted", "the rules of the last successful sync stay"},
 		},
 		{
 			name: "a partial sync",
@@ -157,21 +177,34 @@ func TestStatus(t *testing.T) {
 					s.LastSync, s.LastSuccess = syncTime.Add(time.Minute), syncTime.Add(time.Minute)
 				})).URL
 			},
-			wantOut: []string{"ago), partial, took 4ms; 7 syncs, last full sync 2026-03-04T"},
+			wantOut: []string{"ago), partial, took 4ms; 7 syncs\n  last full sync 2026-03-04T"},
 		},
 		{
 			name: "no sync yet",
 			server: func(t *testing.T) string {
 				return fakeDaemon(t, testReport(func(s *syncloop.FamilyStatus) { *s = syncloop.FamilyStatus{} })).URL
 			},
-			wantOut: []string{"IPv4: no sync yet", "pending (no sync yet)"},
+			wantOut: []string{"IPv4: no sync yet", "2 Service ports: 0 programmed, 0 failed, 2 pending", "demo/web        http:80/TCP  ClusterIP     pending"},
 		},
 		{
-			name:    "arguments keep some Services",
+			name:    "arguments list every port of some Services",
 			server:  func(t *testing.T) string { return fakeDaemon(t, testReport(nil)).URL },
 			args:    []string{"demo/web"},
-			wantOut: []string{"demo/web "},
-			notOut:  []string{"demo/web-local"},
+			wantOut: []string{"1 Service port: 1 programmed", "demo/web  http:80/TCP  ClusterIP  programmed"},
+			notOut:  []string{"demo/web-local", "only failed"},
+		},
+		{
+			name:    "--state lists the ports in a state",
+			server:  func(t *testing.T) string { return fakeDaemon(t, testReport(nil)).URL },
+			args:    []string{"--state", "programmed"},
+			wantOut: []string{"demo/web        http:80/TCP", "demo/web-local  http:80/TCP"},
+		},
+		{
+			name:     "a bad state",
+			server:   func(t *testing.T) string { return fakeDaemon(t, testReport(nil)).URL },
+			args:     []string{"--state", "broken"},
+			wantCode: exitFailure,
+			wantErr:  `--state "broken": want one of programmed, failed, pending, no-endpoints, no-local-endpoints`,
 		},
 		{
 			name:    "json prints the report as served",
@@ -196,7 +229,7 @@ func TestStatus(t *testing.T) {
 			server:   func(t *testing.T) string { return fakeDaemon(t, testReport(nil)).URL },
 			args:     []string{"-o", "yaml"},
 			wantCode: exitFailure,
-			wantErr:  `--output "yaml": want text or json`,
+			wantErr:  `--output "yaml": want text, wide or json`,
 		},
 	}
 	for _, tt := range tests {
@@ -218,6 +251,239 @@ func TestStatus(t *testing.T) {
 			}
 			if !strings.Contains(errOut, tt.wantErr) || (tt.wantErr == "" && errOut != "") {
 				t.Errorf("stderr %q, want it to contain %q", errOut, tt.wantErr)
+			}
+		})
+	}
+}
+
+// Golden reports of `sluice status`: a node with a conntrack table 80 % full, and per
+// family Services in every state and condition, one with the longest names Kubernetes
+// allows. Times are UTC; the report was read 90 s after the last sync.
+
+// portView is a Service port of the golden and scale reports: ClusterIP, TCP port 80,
+// endpoints ready under the Cluster policy; change adjusts it.
+func portView(ns, name string, change func(*model.ServicePortView)) model.ServicePortView {
+	sp := model.ServicePortView{Namespace: ns, Name: name, PortName: "http", Protocol: "TCP", Type: "ClusterIP",
+		ClusterIP: "10.96.0.1", Port: 80, HasAnyEndpoints: true,
+		ClusterEndpoints: []model.EndpointView{{IP: "10.244.1.10", Port: 8080, Ready: true, Serving: true}}}
+	if change != nil {
+		change(&sp)
+	}
+	return sp
+}
+
+func noEndpoints(sp *model.ServicePortView) {
+	sp.HasAnyEndpoints, sp.ClusterEndpoints = false, []model.EndpointView{}
+}
+
+func localWithoutLocalEndpoints(sp *model.ServicePortView) {
+	sp.Type, sp.NodePort, sp.ExternalTrafficPolicy = "LoadBalancer", 30080, "Local"
+	sp.LocalEndpoints = []model.EndpointView{}
+}
+
+// longName is a namespace or name of the longest length allowed (63).
+func longName(prefix string) string { return prefix + strings.Repeat("x", 63-len(prefix)) }
+
+func goldenReport() *app.StatusReport {
+	limit := uint64(262144)
+	services := []model.ServicePortView{
+		portView("default", "kubernetes", func(sp *model.ServicePortView) { sp.PortName = "https"; sp.Port = 443 }),
+		portView("demo", "cache", func(sp *model.ServicePortView) { sp.Protocol, sp.PortName, sp.Port = "UDP", "", 11211 }),
+		portView("demo", "empty", noEndpoints),
+		portView("demo", "ingress", localWithoutLocalEndpoints),
+		portView("demo", "web", nil),
+		portView("demo", "web", func(sp *model.ServicePortView) { sp.PortName, sp.Port = "metrics", 9090 }),
+		portView("demo", "worker", nil),
+		portView(longName("team-"), longName("service-with-a-long-name-"), nil),
+		portView("kube-system", "kube-dns", func(sp *model.ServicePortView) { sp.Protocol, sp.PortName, sp.Port = "UDP", "dns", 53 }),
+	}
+	failed := map[string]string{
+		"demo/web": "nftables: applying the ruleset: netlink receive: invalid argument (the kernel refused the element " +
+			"10.96.0.1 . tcp . 80 of map service-ips: the map's key type does not match)",
+		longName("team-") + "/" + longName("service-with-a-long-name-"): "nftables: chain too long",
+	}
+	v4 := app.FamilyReport{
+		Status: syncloop.FamilyStatus{Family: "IPv4", Mode: "nftables", LastSync: syncTime, LastSuccess: syncTime,
+			LastFullSync: syncTime.Add(-time.Hour), LastSyncDuration: 0.0123, Failed: failed, Syncs: 1234},
+		State:     model.StateView{Family: "IPv4", Services: services},
+		Unapplied: []string{"demo/web", "demo/worker"},
+	}
+	v6 := app.FamilyReport{
+		Status: syncloop.FamilyStatus{Family: "IPv6", Mode: "nftables"},
+		State:  model.StateView{Family: "IPv6", Services: []model.ServicePortView{portView("default", "kubernetes", nil)}},
+	}
+	return &app.StatusReport{Schema: app.StatusReportSchema, Node: "node-a", Mode: "nftables", Backend: "nftables",
+		Families: []app.FamilyReport{v4, v6},
+		Conntrack: &conntrack.Status{Stats: conntrack.Stats{Entries: 209716, Limit: &limit, CPUs: 4,
+			Counters: map[string]uint64{"drop": 12, "early_drop": 3, "insert_failed": 1, "chain_toolong": 0, "found": 5, "invalid": 77}}}}
+}
+
+func TestStatusGolden(t *testing.T) {
+	now := syncTime.Add(90 * time.Second)
+	for _, tt := range []struct {
+		name string
+		opts statusOptions
+	}{
+		{name: "default"},
+		{name: "all", opts: statusOptions{all: true}},
+		{name: "all-wide", opts: statusOptions{all: true, wide: true}},
+		{name: "state", opts: statusOptions{states: []string{condNoEndpoints, condNoLocalEndpoints}}},
+		{name: "service", opts: statusOptions{filters: []string{"demo/web", "kube-system"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			if err := writeStatus(&b, goldenReport(), "http://127.0.0.1:10249", tt.opts, now); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", "status-"+tt.name+".golden")
+			if *updateGolden {
+				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), b.String()); diff != "" {
+				t.Errorf("%s (-want +got; -update rewrites it):\n%s", path, diff)
+			}
+			checkWidth(t, b.String(), tt.opts.wide)
+		})
+	}
+}
+
+// maxStatusWidth is the widest line `sluice status` may print (names not shortened aside).
+const maxStatusWidth = 120
+
+func checkWidth(t *testing.T, out string, wide bool) {
+	t.Helper()
+	if wide {
+		return
+	}
+	for i, line := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(line); n > maxStatusWidth {
+			t.Errorf("line %d is %d characters wide (max %d): %q", i+1, n, maxStatusWidth, line)
+		}
+	}
+}
+
+// scaleReport is a node with n Service ports of 128-character names, of which failed
+// failed, pending are pending and noEndpoints have no endpoints.
+func scaleReport(n, failed, pending, noEndpointsN int) *app.StatusReport {
+	ports := make([]model.ServicePortView, 0, n)
+	st := syncloop.FamilyStatus{Family: "IPv4", Mode: "nftables", LastSync: syncTime, LastSuccess: syncTime, LastFullSync: syncTime,
+		LastSyncDuration: 1.5, Failed: map[string]string{}, Syncs: 42}
+	var unapplied []string
+	for i := 0; i < n; i++ {
+		ns, name := longName(fmt.Sprintf("ns-%05d-", i/10)), longName(fmt.Sprintf("svc-%05d-", i))
+		var change func(*model.ServicePortView)
+		switch key := ns + "/" + name; {
+		case i < failed:
+			st.Failed[key] = "nftables: adding element: invalid argument"
+		case i < failed+pending:
+			unapplied = append(unapplied, key)
+		case i < failed+pending+noEndpointsN:
+			change = noEndpoints
+		}
+		ports = append(ports, portView(ns, name, change))
+	}
+	return &app.StatusReport{Schema: app.StatusReportSchema, Node: "node-a", Mode: "nftables", Backend: "nftables",
+		Families: []app.FamilyReport{{Status: st, State: model.StateView{Family: "IPv4", Services: ports}, Unapplied: unapplied}}}
+}
+
+func TestStatusAt10000Services(t *testing.T) {
+	const ports = 10020
+	now := syncTime.Add(time.Minute)
+	render := func(t *testing.T, r *app.StatusReport, opts statusOptions) string {
+		t.Helper()
+		var b strings.Builder
+		if err := writeStatus(&b, r, "http://127.0.0.1:10249", opts, now); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	lines := func(s string) int { return strings.Count(s, "\n") }
+	report := scaleReport(ports, 3, 5, 40)
+
+	t.Run("default: a screenful", func(t *testing.T) {
+		out := render(t, report, statusOptions{})
+		if n := lines(out); n > 30 {
+			t.Errorf("%d lines, want at most 30:\n%s", n, out)
+		}
+		checkWidth(t, out, false)
+		for _, want := range []string{"10020 Service ports: 10012 programmed, 3 failed, 5 pending", "40 without endpoints (clients refused)", "FAILED", "pending"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+	})
+	t.Run("default with every port pending: capped", func(t *testing.T) {
+		r := *report
+		r.Families = []app.FamilyReport{{Status: syncloop.FamilyStatus{Family: "IPv4"}, State: report.Families[0].State}}
+		out := render(t, &r, statusOptions{})
+		if n := lines(out); n > 30 {
+			t.Errorf("%d lines, want at most 30:\n%s", n, out)
+		}
+		checkWidth(t, out, false)
+		if want := fmt.Sprintf("... and %d more failed or pending ports", ports-maxListedByDefault); !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	})
+	t.Run("--all: every port, none wider", func(t *testing.T) {
+		out := render(t, report, statusOptions{all: true})
+		if n := lines(out); n < ports || n > ports+20 {
+			t.Errorf("%d lines, want every port's (%d) and a few more", n, ports)
+		}
+		checkWidth(t, out, false)
+	})
+	t.Run("-o wide: whole names", func(t *testing.T) {
+		out := render(t, report, statusOptions{wide: true})
+		if full := longName("ns-00000-") + "/" + longName("svc-00000-"); !strings.Contains(out, full) {
+			t.Errorf("-o wide does not show %s", full)
+		}
+	})
+}
+
+func TestShortenMiddle(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"demo/web", 40, "demo/web"},
+		{"abcdefghij", 10, "abcdefghij"},
+		{"abcdefghijk", 10, "abcd…ghijk"},
+		{"abcdefghijk", 9, "abcd…hijk"},
+		{"ns/ünïcödé-name", 8, "ns/…name"},
+	} {
+		if got := shortenMiddle(tt.in, tt.max); got != tt.want || utf8.RuneCountInString(got) > tt.max {
+			t.Errorf("shortenMiddle(%q, %d) = %q, want %q", tt.in, tt.max, got, tt.want)
+		}
+	}
+}
+
+func TestWriteConntrack(t *testing.T) {
+	limit, zero := uint64(1000), uint64(0)
+	for _, tt := range []struct {
+		name string
+		ct   conntrack.Status
+		want string
+	}{
+		{"healthy", conntrack.Status{Stats: conntrack.Stats{Entries: 5, Limit: &limit, Counters: map[string]uint64{"drop": 0, "early_drop": 0, "insert_failed": 0}}},
+			"conntrack: 5 entries of 1000 (0.5%)\n  kernel counters since the namespace was created: drop 0, early_drop 0, insert_failed 0\n"},
+		{"nearly full", conntrack.Status{Stats: conntrack.Stats{Entries: 800, Limit: &limit}},
+			"conntrack: 800 entries of 1000 (80.0%), NEARLY FULL: new connections are dropped at the limit\n"},
+		{"no limit", conntrack.Status{Stats: conntrack.Stats{Entries: 5, Limit: &zero}}, "conntrack: 5 entries (no limit)\n"},
+		{"limit unknown", conntrack.Status{Stats: conntrack.Stats{Entries: 5}}, "conntrack: 5 entries (limit unknown)\n"},
+		{"unreadable", conntrack.Status{Error: "reading the conntrack table's size: permission denied"},
+			"conntrack: cannot be read: reading the conntrack table's size: permission denied\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			writeConntrack(&b, &tt.ct)
+			if b.String() != tt.want {
+				t.Errorf("got\n%q\nwant\n%q", b.String(), tt.want)
 			}
 		})
 	}
