@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 )
 
@@ -74,14 +75,29 @@ var collectors = map[string]prometheus.Collector{
 	"InputProblemsTotal":                         metrics.InputProblemsTotal,
 }
 
-// descs are pkg/metrics' bare descriptions: series a mode's own collector produces at
-// scrape time, when the kernel supports them (the iptables nfacct counters).
+// descs are pkg/metrics' bare descriptions: series a collector produces at scrape time,
+// that of a mode (the iptables nfacct counters, when the kernel supports them) or, with
+// mode "", that of every mode (the conntrack table's health, registered by pkg/app).
 var descs = map[string]struct {
 	desc *prometheus.Desc
 	mode string
+	typ  string
 }{
-	"IPTablesCTStateInvalidDroppedPacketsDesc": {metrics.IPTablesCTStateInvalidDroppedPacketsDesc, "iptables"},
-	"LocalhostNodePortAcceptedPacketsDesc":     {metrics.LocalhostNodePortAcceptedPacketsDesc, "iptables"},
+	"IPTablesCTStateInvalidDroppedPacketsDesc": {metrics.IPTablesCTStateInvalidDroppedPacketsDesc, "iptables", "counter"},
+	"LocalhostNodePortAcceptedPacketsDesc":     {metrics.LocalhostNodePortAcceptedPacketsDesc, "iptables", "counter"},
+	"ConntrackEntriesDesc":                     {metrics.ConntrackEntriesDesc, "", "gauge"},
+	"ConntrackLimitDesc":                       {metrics.ConntrackLimitDesc, "", "gauge"},
+	"ConntrackFoundDesc":                       {metrics.ConntrackFoundDesc, "", "counter"},
+	"ConntrackInvalidDesc":                     {metrics.ConntrackInvalidDesc, "", "counter"},
+	"ConntrackInsertDesc":                      {metrics.ConntrackInsertDesc, "", "counter"},
+	"ConntrackInsertFailedDesc":                {metrics.ConntrackInsertFailedDesc, "", "counter"},
+	"ConntrackDropDesc":                        {metrics.ConntrackDropDesc, "", "counter"},
+	"ConntrackEarlyDropDesc":                   {metrics.ConntrackEarlyDropDesc, "", "counter"},
+	"ConntrackErrorDesc":                       {metrics.ConntrackErrorDesc, "", "counter"},
+	"ConntrackSearchRestartDesc":               {metrics.ConntrackSearchRestartDesc, "", "counter"},
+	"ConntrackClashResolveDesc":                {metrics.ConntrackClashResolveDesc, "", "counter"},
+	"ConntrackChainTooLongDesc":                {metrics.ConntrackChainTooLongDesc, "", "counter"},
+	"ConntrackReadFailuresDesc":                {metrics.ConntrackReadFailuresDesc, "", "counter"},
 }
 
 // exportedMetric is one metric family as a mode serves it.
@@ -161,14 +177,14 @@ func registeredMetrics(mode string) []exportedMetric {
 		}
 	}
 	for _, d := range descs {
-		if d.mode != mode {
+		if d.mode != mode && d.mode != "" {
 			continue
 		}
 		fq, labels, ok := describeDesc(d.desc)
 		if !ok {
 			panic("cannot read " + d.desc.String())
 		}
-		out = append(out, exportedMetric{Name: fq, Type: "counter", Labels: labels})
+		out = append(out, exportedMetric{Name: fq, Type: d.typ, Labels: labels})
 	}
 	// The Go and process collectors: these are not vectors, so gathering lists them all.
 	families, err := metrics.Registry.Gather()
@@ -271,6 +287,28 @@ func TestCollectorListCoversPkgMetrics(t *testing.T) {
 	slices.Sort(known)
 	if !slices.Equal(declared, known) {
 		t.Errorf("pkg/metrics declares %v\nthis test knows %v\nadd the new ones to collectors or descs (and to docs/metrics.md)", declared, known)
+	}
+}
+
+// The descriptions listed for every mode are exactly those of the conntrack collector
+// pkg/app registers in every mode.
+func TestEveryModeDescsAreTheConntrackCollectors(t *testing.T) {
+	ch := make(chan *prometheus.Desc, 32)
+	conntrack.NewMonitor().Describe(ch)
+	close(ch)
+	var described, listed []string
+	for d := range ch {
+		described = append(described, d.String())
+	}
+	for _, d := range descs {
+		if d.mode == "" {
+			listed = append(listed, d.desc.String())
+		}
+	}
+	slices.Sort(described)
+	slices.Sort(listed)
+	if !slices.Equal(described, listed) {
+		t.Errorf("the conntrack collector describes\n%v\nthis test lists for every mode\n%v", described, listed)
 	}
 }
 
