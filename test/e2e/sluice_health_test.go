@@ -163,12 +163,23 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 			{"sluice_sync_failures_total", fam, func(v float64) bool { return v == 0 }, "present, 0"},
 			{"sluice_services_failed", fam, func(v float64) bool { return v == 0 }, "0"},
 			{"sluice_service_ports", fam, func(v float64) bool { return v >= 3 }, "the kubernetes Service and the two above"},
+			// The conntrack table of sluice's network namespace, read from the kernel.
+			{"sluice_conntrack_entries", nil, func(v float64) bool { return v >= 0 }, "present"},
+			{"sluice_conntrack_limit", nil, func(v float64) bool { return v > 0 }, "nf_conntrack_max"},
+			{"sluice_conntrack_drop_total", nil, func(v float64) bool { return v >= 0 }, "present"},
+			{"sluice_conntrack_read_failures_total", nil, func(v float64) bool { return v == 0 }, "0"},
 		}
 		for _, ch := range checks {
 			v, found := m.value(ch.name, ch.labels...)
 			if !found || !ch.ok(v) {
 				t.Errorf("%s%v = %v (found %v), want %s", ch.name, ch.labels, v, found, ch.want)
 			}
+		}
+
+		// sluice status shows the conntrack table and the counts of Service ports.
+		code, out, stderr := runSluice(t, "status", "--server", p.metricsAddr)
+		if code != 0 || !strings.Contains(out, "conntrack: ") || strings.Contains(out, "cannot be read") || !strings.Contains(out, " programmed, 0 failed, 0 pending") {
+			t.Errorf("sluice status: exit code %d, stderr %s, stdout:\n%s", code, stderr, out)
 		}
 
 		// The Local-policy Service gets a local endpoint: nothing is dropped any more.
