@@ -1,6 +1,8 @@
 // Package conntrack holds what sluice does to the kernel's connection tracking, whatever
-// the backend: the conntrack sysctls every mode sets at start (ApplySysctls), and the
-// Reconciler that deletes stale entries of UDP and SCTP Services after a sync.
+// the backend: the conntrack sysctls every mode sets at start (ApplySysctls), the
+// Reconciler that deletes stale entries of UDP and SCTP Services after a sync, and the
+// Monitor that reads how full the table is and the kernel's conntrack statistics (the
+// sluice_conntrack_* metrics, `sluice status`).
 //
 // A connection-less protocol keeps its conntrack entry as long as packets keep coming, and
 // every packet of an entry follows the NAT decided for its first one. When a Service's
