@@ -212,17 +212,21 @@ const sysctlMax = "net/netfilter/nf_conntrack_max"
 // answers grow with the number of CPUs, never with the size of the table, so it is cheap
 // enough to run on every scrape and every `sluice status`.
 //
-// The kernel's statistics are 32-bit per-CPU numbers that wrap around (found and insert
-// can within hours on a busy node). Monitor keeps the last value of each and adds up the
+// The kernel's statistics are 32-bit per-CPU numbers that wrap around (a busy node can
+// count 2^32 events in hours). Monitor keeps the last value of each and adds up the
 // differences modulo 2^32, so the sums it reports only ever grow: a wrap between two reads
 // is carried, several wraps of one CPU's number between two reads (2^32 events on one CPU)
 // are not noticed.
 //
-// A Monitor is a prometheus.Collector; it is safe for concurrent use.
+// A Monitor is a prometheus.Collector; it is safe for concurrent use. Reads are serialised:
+// two reads whose answers were accumulated out of order would take the older values for a
+// wrap-around.
 type Monitor struct {
 	source statsSource
 	sysctl hostnet.Sysctls
 
+	// mu is held for a whole read, from the request to the accumulation, and guards the
+	// following state.
 	mu sync.Mutex
 	// last is, per CPU, the raw values of the previous read.
 	last map[uint16][len(counterKinds)]uint32
@@ -244,19 +248,20 @@ func newMonitor(source statsSource, sysctl hostnet.Sysctls) *Monitor {
 //
 // The entry count and the limit come from the kernel's global statistics message, the
 // same source and request as the counters, in the namespace the netlink socket lives in.
-// Only when a kernel's answer lacks the limit (it was added to ctnetlink after the entry
-// count) is nf_conntrack_max read from /proc/sys; when both fail, Limit is nil and the
-// rest is still returned.
+// Only when a kernel's answer lacks the limit (older kernels may send the count alone) is
+// nf_conntrack_max read from /proc/sys; when both fail, Limit is nil and the rest is still
+// returned.
 func (m *Monitor) Read() (Stats, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	st, err := m.read()
 	if err != nil {
-		m.mu.Lock()
 		m.failures++
-		m.mu.Unlock()
 	}
 	return st, err
 }
 
+// read asks the kernel and accumulates its answer. Holds mu.
 func (m *Monitor) read() (Stats, error) {
 	msgs, raw, err := m.source.read()
 	if err != nil {
@@ -289,9 +294,8 @@ func (m *Monitor) read() (Stats, error) {
 }
 
 // accumulate adds one read's per-CPU values to the totals and returns them by name.
+// Holds mu.
 func (m *Monitor) accumulate(cpus []cpuCounters) map[string]uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	for _, c := range cpus {
 		prev, seen := m.last[c.cpu]
 		for i := range counterKinds {

@@ -36,7 +36,7 @@ var record = flag.Bool("record", false, "rewrite testdata/stats-*.hex with the k
 
 // trackConnections makes the kernel track connections in this namespace: an inet table
 // whose output and prerouting chains match on ct state.
-func trackConnections(t *testing.T) {
+func trackConnections(t testing.TB) {
 	t.Helper()
 	c, err := nftables.New()
 	if err != nil {
@@ -64,16 +64,22 @@ func trackConnections(t *testing.T) {
 }
 
 // udpFlows sends one datagram from each of n fresh sockets to a listener on addr: n
-// conntrack entries.
-func udpFlows(t *testing.T, network, addr string, n int) {
+// conntrack entries. Over IPv4 each socket has a source address of its own in 127.0.0.0/8,
+// so that no two flows share a tuple however many there are.
+func udpFlows(t testing.TB, network, addr string, n int) {
 	t.Helper()
 	ln, err := net.ListenPacket(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	dst := ln.LocalAddr().(*net.UDPAddr)
 	for i := 0; i < n; i++ {
-		c, err := net.Dial(network, ln.LocalAddr().String())
+		var src *net.UDPAddr
+		if network == "udp4" {
+			src = &net.UDPAddr{IP: net.IPv4(127, 1+byte(i>>16), byte(i>>8), byte(i))}
+		}
+		c, err := net.DialUDP(network, src, dst)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,4 +328,27 @@ func (r *recordingStats) write(t *testing.T) {
 	}
 	write("stats-cpu.hex", r.lastCPU)
 	write("stats-global.hex", [][]byte{r.lastGlobal})
+}
+
+// BenchmarkKernelConntrackRead measures one read (what each scrape and each status report
+// costs) with an empty table and with 20 000 entries: two netlink exchanges either way.
+func BenchmarkKernelConntrackRead(b *testing.B) {
+	trackConnections(b)
+	m := NewMonitor()
+	for _, entries := range []int{0, 20000} {
+		b.Run(fmt.Sprintf("entries=%d", entries), func(b *testing.B) {
+			if entries > 0 {
+				udpFlows(b, "udp4", "127.0.0.1:0", entries)
+			}
+			st, err := m.Read()
+			if err != nil || st.Entries < uint64(entries) {
+				b.Fatalf("%d entries (%v), want at least %d", st.Entries, err, entries)
+			}
+			for b.Loop() {
+				if _, err := m.Read(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -305,4 +307,44 @@ func FuzzParseStats(f *testing.F) {
 		_, _ = parseCPUStats(msg)
 		_, _ = parseGlobalStats(msg)
 	})
+}
+
+// counting is a kernel whose drop statistic goes up by one at each read.
+type counting struct{ n atomic.Uint32 }
+
+func (c *counting) read() ([][]byte, []byte, error) {
+	n := c.n.Add(1)
+	return [][]byte{statsMsg(0, map[uint16]uint32{ctaStatsDrop: n})}, statsMsg(0, map[uint16]uint32{ctaStatsGlobalEntries: 1}), nil
+}
+
+// Concurrent reads (a scrape and a `sluice status`) never see the counters go back, and
+// never take an older answer for a wrap-around.
+func TestConcurrentReadsStayMonotonic(t *testing.T) {
+	src := &counting{}
+	m := newMonitor(src, sysctls{})
+	const readers, reads = 8, 200
+	var wg sync.WaitGroup
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var last uint64
+			for range reads {
+				st, err := m.Read()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if st.Counters["drop"] < last {
+					t.Errorf("drop went from %d to %d", last, st.Counters["drop"])
+				}
+				last = st.Counters["drop"]
+			}
+		}()
+	}
+	wg.Wait()
+	st, _ := m.Read()
+	if want := uint64(src.n.Load()); st.Counters["drop"] != want {
+		t.Errorf("drop = %d after %d reads, want %d", st.Counters["drop"], want, want)
+	}
 }
