@@ -23,7 +23,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -152,29 +151,6 @@ func insertOverNetlink(t *testing.T) {
 	}
 }
 
-// gathered returns the value of each sluice_conntrack_* series m exports.
-func gathered(t *testing.T, m *Monitor) map[string]float64 {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(m)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatalf("gathering: %v", err)
-	}
-	out := map[string]float64{}
-	for _, f := range families {
-		for _, s := range f.GetMetric() {
-			switch {
-			case s.GetGauge() != nil:
-				out[f.GetName()] = s.GetGauge().GetValue()
-			case s.GetCounter() != nil:
-				out[f.GetName()] = s.GetCounter().GetValue()
-			}
-		}
-	}
-	return out
-}
-
 func TestKernelConntrackHealthMoves(t *testing.T) {
 	trackConnections(t)
 	rec := &recordingStats{}
@@ -226,7 +202,7 @@ func TestKernelConntrackHealthMoves(t *testing.T) {
 	}
 
 	// The collector exports the same, read afresh.
-	got := gathered(t, m)
+	got := collected(t, m)
 	if got["sluice_conntrack_entries"] < float64(after.Entries) {
 		t.Errorf("sluice_conntrack_entries = %v, want at least %d", got["sluice_conntrack_entries"], after.Entries)
 	}
