@@ -1,7 +1,9 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -49,16 +51,26 @@ type TrackerConfig struct {
 // reads the dirty Services' current objects from the Source, recomputes them, and reports
 // what changed since each family's last successful apply.
 //
-// Locking: handler-side methods (On*, Synced, Pending) take mu, for a few map operations
-// at most. Drain takes mu only to swap out the dirty set, then stateMu for the
-// recomputation; Applied, Failed take stateMu; Snapshot takes stateMu for reading. No
-// method holds both locks, and no lock is held while calling Notify. Drain, Applied and
-// Failed must be called from one goroutine at a time (the sync loop).
+// Failures: a Service the backend could not program is reported again by every Drain
+// until an apply covers it (Applied), unless the sync loop holds it back (Hold) until its
+// retry is due (Retry) or its own objects change. While held, the state carries the
+// Service as it was last applied, so that any sync, full ones included, keeps programming
+// its last good version (see Hold).
+//
+// Locking: handler-side methods (On*, Synced, Pending, Retry) take mu, for a few map
+// operations at most. Drain takes mu only to swap out the dirty set, then stateMu for the
+// recomputation; Applied, Failed and Hold take stateMu; Snapshot takes stateMu for
+// reading. No method holds both locks, and no lock is held while calling Notify. Drain,
+// Applied, Failed and Hold must be called from one goroutine at a time (the sync loop).
 type Tracker struct {
 	source    Source
 	opts      Options
 	startTime time.Time
 	notify    func()
+	// computeService is ComputeService; tests replace it to make it fail.
+	computeService func(*v1.Service, []*discoveryv1.EndpointSlice, NodeInfo, IPFamily, Options) ([]*ServicePort, []Problem)
+	// drainHook, when set by a test, runs inside Drain after the recomputation.
+	drainHook func()
 
 	// mu guards everything recorded by handlers since the last Drain.
 	mu sync.Mutex
@@ -95,11 +107,20 @@ type dirtyMark struct {
 // familyProgress is what one family must still apply.
 type familyProgress struct {
 	// pending are the Services changed since the last successful apply (or whose apply
-	// failed).
+	// failed), except those held.
 	pending sets.Set[types.NamespacedName]
 	// needFull is set from the start until a successful apply, after a whole-sync failure
 	// and when node-wide inputs changed.
 	needFull bool
+	// applied is set once an apply of this family succeeded: from then on, the state holds
+	// what was applied for every Service neither pending nor held.
+	applied bool
+	// lastGood holds, for Services changed since an apply covered them, the ports that
+	// apply programmed (nil: none, the Service was absent). A Service is missing when its
+	// last good version is unknown (it failed before any apply succeeded).
+	lastGood map[types.NamespacedName][]*ServicePort
+	// held are the Services whose failed change waits for its retry (Hold).
+	held sets.Set[types.NamespacedName]
 }
 
 // DrainInfo tells the sync loop what one Drain consumed, for metrics and events.
@@ -121,6 +142,10 @@ type DrainInfo struct {
 	// Problems lists the Services whose problems changed, with their current problems
 	// over all families (duplicates removed); an empty list means the problems are gone.
 	Problems map[types.NamespacedName][]Problem
+	// ComputeFailed lists the Services whose recomputation panicked (a bug, with the
+	// panic and its stack in the error). Their state was left as it was, and they are
+	// marked dirty again: the next Drain computes them again.
+	ComputeFailed map[types.NamespacedName]error
 }
 
 // PendingChanges counts what handlers recorded since the last Drain (for the
@@ -135,22 +160,24 @@ type PendingChanges struct {
 // NewTracker returns a tracker with empty states. Every family's first Changes are Full.
 func NewTracker(cfg TrackerConfig) *Tracker {
 	t := &Tracker{
-		source:       cfg.Source,
-		opts:         cfg.Options,
-		startTime:    cfg.StartTime,
-		notify:       cfg.Notify,
-		dirty:        map[types.NamespacedName]dirtyMark{},
-		node:         cloneNodeInfo(cfg.Node),
-		serviceCIDRs: slices.Clone(cfg.ServiceCIDRs),
-		states:       map[IPFamily]*NodeState{},
-		progress:     map[IPFamily]*familyProgress{},
-		problems:     map[types.NamespacedName][]Problem{},
+		source:         cfg.Source,
+		opts:           cfg.Options,
+		startTime:      cfg.StartTime,
+		notify:         cfg.Notify,
+		computeService: ComputeService,
+		dirty:          map[types.NamespacedName]dirtyMark{},
+		node:           cloneNodeInfo(cfg.Node),
+		serviceCIDRs:   slices.Clone(cfg.ServiceCIDRs),
+		states:         map[IPFamily]*NodeState{},
+		progress:       map[IPFamily]*familyProgress{},
+		problems:       map[types.NamespacedName][]Problem{},
 	}
 	for _, f := range cfg.Options.families() {
 		st := NewNodeState(f, t.node)
 		st.ServiceCIDRs = serviceCIDRsOf(t.serviceCIDRs, f)
 		t.states[f] = st
-		t.progress[f] = &familyProgress{pending: sets.New[types.NamespacedName](), needFull: true}
+		t.progress[f] = &familyProgress{pending: sets.New[types.NamespacedName](), needFull: true,
+			lastGood: map[types.NamespacedName][]*ServicePort{}, held: sets.New[types.NamespacedName]()}
 	}
 	return t
 }
@@ -325,6 +352,17 @@ func (t *Tracker) Pending() PendingChanges {
 	return PendingChanges{Services: t.dirtyByService, EndpointSlices: t.sliceEvents}
 }
 
+// Retry marks Services dirty, as if their objects had changed, without notifying: the
+// next Drain computes them again and reports them as changed in every family where they
+// are held (see Hold). The sync loop calls it when their retry is due. Takes mu.
+func (t *Tracker) Retry(names ...types.NamespacedName) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, name := range names {
+		t.dirty[name] = t.dirty[name]
+	}
+}
+
 func (t *Tracker) notifyChange() {
 	if t.notify != nil {
 		t.notify()
@@ -341,11 +379,20 @@ func (t *Tracker) notifyChange() {
 //
 // Call Applied or Failed for each family after applying its state. Sync goroutine only;
 // takes mu briefly, then stateMu.
-func (t *Tracker) Drain() (map[IPFamily]*NodeState, map[IPFamily]Changes, DrainInfo) {
+//
+// A panic while recomputing one Service is recovered: that Service keeps its state, is
+// reported in DrainInfo.ComputeFailed and stays dirty, and the others are recomputed. A
+// panic anywhere else puts back everything this Drain took from the handlers' side
+// before it goes on, so that the next Drain does the work again.
+func (t *Tracker) Drain() (states map[IPFamily]*NodeState, changes map[IPFamily]Changes, info DrainInfo) {
 	t.mu.Lock()
 	dirty := t.dirty
 	t.dirty = make(map[types.NamespacedName]dirtyMark)
-	info := DrainInfo{
+	taken := drained{
+		dirty: dirty, serviceEvents: t.serviceEvents, sliceEvents: t.sliceEvents, dirtyByService: t.dirtyByService,
+		nodeChanged: t.nodeChanged, serviceCIDRsChanged: t.serviceCIDRsChanged, recomputeAll: t.recomputeAll,
+	}
+	info = DrainInfo{
 		ServiceEvents:       t.serviceEvents,
 		EndpointSliceEvents: t.sliceEvents,
 		NodeChanged:         t.nodeChanged,
@@ -355,6 +402,18 @@ func (t *Tracker) Drain() (map[IPFamily]*NodeState, map[IPFamily]Changes, DrainI
 	t.serviceEvents, t.sliceEvents, t.dirtyByService = 0, 0, 0
 	t.nodeChanged, t.serviceCIDRsChanged, t.recomputeAll = false, false, false
 	t.mu.Unlock()
+	// Deferred before stateMu is taken, so that it runs after stateMu is released (no
+	// method holds both locks).
+	var redo map[types.NamespacedName]dirtyMark
+	defer func() {
+		if r := recover(); r != nil {
+			t.putBack(taken)
+			panic(r)
+		}
+		if len(redo) > 0 {
+			t.putBack(drained{dirty: redo})
+		}
+	}()
 
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
@@ -381,7 +440,17 @@ func (t *Tracker) Drain() (map[IPFamily]*NodeState, map[IPFamily]Changes, DrainI
 	}
 
 	for name, mark := range dirty {
-		t.recompute(name, node, &info)
+		if err := t.recomputeSafely(name, node, &info); err != nil {
+			if info.ComputeFailed == nil {
+				info.ComputeFailed = map[types.NamespacedName]error{}
+			}
+			info.ComputeFailed[name] = err
+			if redo == nil {
+				redo = map[types.NamespacedName]dirtyMark{}
+			}
+			redo[name] = mark
+			continue
+		}
 		if !mark.trigger.IsZero() {
 			if info.TriggerTimes == nil {
 				info.TriggerTimes = map[types.NamespacedName]time.Time{}
@@ -390,9 +459,12 @@ func (t *Tracker) Drain() (map[IPFamily]*NodeState, map[IPFamily]Changes, DrainI
 		}
 	}
 	info.Recomputed = len(dirty)
+	if t.drainHook != nil {
+		t.drainHook()
+	}
 
-	states := make(map[IPFamily]*NodeState, len(t.states))
-	changes := make(map[IPFamily]Changes, len(t.states))
+	states = make(map[IPFamily]*NodeState, len(t.states))
+	changes = make(map[IPFamily]Changes, len(t.states))
 	for f, st := range t.states {
 		p := t.progress[f]
 		states[f] = st
@@ -401,7 +473,52 @@ func (t *Tracker) Drain() (map[IPFamily]*NodeState, map[IPFamily]Changes, DrainI
 	return states, changes, info
 }
 
-// recompute brings one Service up to date in every family. Holds stateMu.
+// drained is what one Drain took from the handlers' side.
+type drained struct {
+	dirty                                          map[types.NamespacedName]dirtyMark
+	serviceEvents, sliceEvents, dirtyByService     int
+	nodeChanged, serviceCIDRsChanged, recomputeAll bool
+}
+
+// putBack merges what a Drain took back into the handlers' side, after that Drain failed.
+// Takes mu.
+func (t *Tracker) putBack(d drained) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for name, mark := range d.dirty {
+		m, ok := t.dirty[name]
+		if !ok || (!mark.trigger.IsZero() && (m.trigger.IsZero() || mark.trigger.Before(m.trigger))) {
+			m.trigger = mark.trigger
+		}
+		if mark.service && !m.service {
+			m.service = true
+			t.dirtyByService++
+		}
+		t.dirty[name] = m
+	}
+	t.serviceEvents += d.serviceEvents
+	t.sliceEvents += d.sliceEvents
+	t.nodeChanged = t.nodeChanged || d.nodeChanged
+	t.serviceCIDRsChanged = t.serviceCIDRsChanged || d.serviceCIDRsChanged
+	t.recomputeAll = t.recomputeAll || d.recomputeAll
+}
+
+// recomputeSafely is recompute, turning a panic (a bug computing this Service) into an
+// error, so that one Service's bug does not stop the others. The Service's state in a
+// family is replaced only once its ports were computed, so a family keeps either the old
+// or the new ports. Holds stateMu.
+func (t *Tracker) recomputeSafely(name types.NamespacedName, node NodeInfo, info *DrainInfo) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("computing Service %s panicked: %v\n%s", name, r, debug.Stack())
+		}
+	}()
+	t.recompute(name, node, info)
+	return nil
+}
+
+// recompute brings one Service up to date in every family; it releases the Service where
+// it was held. Holds stateMu.
 func (t *Tracker) recompute(name types.NamespacedName, node NodeInfo, info *DrainInfo) {
 	svc, ok := t.source.Service(name)
 	if !ok {
@@ -413,12 +530,21 @@ func (t *Tracker) recompute(name types.NamespacedName, node NodeInfo, info *Drai
 	}
 	var merged []Problem
 	for _, f := range t.opts.families() { // in order, so that merged problems are stable
-		st := t.states[f]
-		ports, problems := ComputeService(svc, epSlices, node, f, t.opts)
+		st, p := t.states[f], t.progress[f]
+		ports, problems := t.computeService(svc, epSlices, node, f, t.opts)
 		merged = appendNewProblems(merged, problems)
+		wasHeld := p.held.Has(name)
+		if wasHeld {
+			// Its own objects changed, or its retry is due: try it again now.
+			p.held.Delete(name)
+			p.pending.Insert(name)
+		}
 		if !portsEqual(st, name, ports) {
+			if _, saved := p.lastGood[name]; !saved && p.applied && !wasHeld && !p.pending.Has(name) {
+				p.lastGood[name] = st.PortsOf(name)
+			}
 			st.SetService(name, ports, problems)
-			t.progress[f].pending.Insert(name)
+			p.pending.Insert(name)
 			continue
 		}
 		if !problemsEqual(st.Problems[name], problems) {
@@ -458,7 +584,38 @@ func (t *Tracker) Applied(family IPFamily, failed sets.Set[types.NamespacedName]
 	for name := range failed {
 		p.pending.Insert(name)
 	}
+	// What was applied is now the last good version; held Services were applied as they
+	// last were, and failed ones keep theirs.
+	for name := range p.lastGood {
+		if !failed.Has(name) && !p.held.Has(name) {
+			delete(p.lastGood, name)
+		}
+	}
 	p.needFull = false
+	p.applied = true
+}
+
+// Hold takes Services that just failed (reported by Applied) out of the changes until
+// their retry: the next Drains do not report them, unless their own objects change or the
+// sync loop calls Retry. Meanwhile the family's state carries each of them as it was
+// last applied (absent if it is new), so that a full sync, which programs the whole
+// state, keeps its last good version instead of trying the rejected one again. A Service
+// that failed before any apply of the family succeeded has no known last good version: it
+// keeps its new state, which full syncs try again. Sync goroutine only; takes stateMu.
+func (t *Tracker) Hold(family IPFamily, names ...types.NamespacedName) {
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	p, st := t.progress[family], t.states[family]
+	if p == nil {
+		return
+	}
+	for _, name := range names {
+		p.pending.Delete(name)
+		p.held.Insert(name)
+		if good, known := p.lastGood[name]; known {
+			st.SetService(name, good, st.Problems[name])
+		}
+	}
 }
 
 // Failed records that applying family's state failed as a whole: the next Changes are

@@ -12,7 +12,12 @@
 //	Run() ──► pending (at most one) ─┐
 //	                                 ├─► fn ─► wait MinInterval ─► wait for the next trigger
 //	next-run timer fires ────────────┘
-//	next-run timer = MaxInterval after a success, min(RetryInterval, MaxInterval) after a failure
+//	next-run timer = MaxInterval after a success, min(RetryInterval, MaxInterval) after a failure,
+//	                 or sooner when RunAfter asked for a run by an earlier time
+//
+// Stopping: when the Loop's context ends while fn runs, fn's own context stays valid for
+// up to StopGrace more, so that a sync in progress can finish writing the kernel instead
+// of being cut off half way; Loop returns once fn has returned.
 package runner
 
 import (
@@ -20,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +57,10 @@ type Config struct {
 	// OnPanic, if set, is called from the loop goroutine after a panic in fn was
 	// recovered, with the panic value and the goroutine's stack.
 	OnPanic func(recovered any, stack []byte)
+
+	// StopGrace is how long a run in progress when the Loop's context ends may go on:
+	// fn's context is cancelled only StopGrace after the Loop's. Zero cancels it at once.
+	StopGrace time.Duration
 }
 
 // ErrPanicked is wrapped by the error the loop records for a run whose fn panicked.
@@ -68,6 +78,12 @@ type BoundedFrequencyRunner struct {
 	pending chan struct{}
 	// looping guards the promise that only one goroutine ever calls fn.
 	looping atomic.Bool
+
+	// wakeMu guards wakeAt: the time by which RunAfter asked for a run (zero: none). A run
+	// that starts consumes it. rearm tells a waiting loop that wakeAt moved earlier.
+	wakeMu sync.Mutex
+	wakeAt time.Time
+	rearm  chan struct{}
 }
 
 // New returns a runner that calls fn as cfg describes, once Loop is running. It fails when
@@ -100,6 +116,7 @@ func newWithClock(cfg Config, fn func(ctx context.Context) error, c clock.Clock)
 		fn:      fn,
 		clock:   c,
 		pending: make(chan struct{}, 1),
+		rearm:   make(chan struct{}, 1),
 	}, nil
 }
 
@@ -113,6 +130,48 @@ func (r *BoundedFrequencyRunner) Run() {
 	}
 }
 
+// RunAfter asks for a run at most d from now, even if nobody calls Run before: a retry
+// the caller schedules itself (the sync loop's per-Service backoff). MinInterval still
+// applies. It never blocks and may be called from any goroutine, fn included. The earliest
+// time asked for wins, and the next run to start, whatever triggered it, consumes the
+// request: fn calls RunAfter again if it still needs a later run.
+func (r *BoundedFrequencyRunner) RunAfter(d time.Duration) {
+	at := r.clock.Now().Add(max(d, 0))
+	r.wakeMu.Lock()
+	earlier := r.wakeAt.IsZero() || at.Before(r.wakeAt)
+	if earlier {
+		r.wakeAt = at
+	}
+	r.wakeMu.Unlock()
+	if earlier {
+		select {
+		case r.rearm <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// takeWake returns and clears the time RunAfter asked for.
+func (r *BoundedFrequencyRunner) takeWake() time.Time {
+	r.wakeMu.Lock()
+	defer r.wakeMu.Unlock()
+	at := r.wakeAt
+	r.wakeAt = time.Time{}
+	return at
+}
+
+// untilNext is how long to wait from now until the next unrequested run: until deadline,
+// or the time RunAfter asked for if that is earlier.
+func (r *BoundedFrequencyRunner) untilNext(deadline time.Time) time.Duration {
+	r.wakeMu.Lock()
+	at := r.wakeAt
+	r.wakeMu.Unlock()
+	if !at.IsZero() && at.Before(deadline) {
+		deadline = at
+	}
+	return max(deadline.Sub(r.clock.Now()), 0)
+}
+
 // retryAfter is how long the loop waits after a failed run.
 func (r *BoundedFrequencyRunner) retryAfter() time.Duration {
 	if r.cfg.RetryInterval <= 0 || r.cfg.RetryInterval > r.cfg.MaxInterval {
@@ -121,10 +180,11 @@ func (r *BoundedFrequencyRunner) retryAfter() time.Duration {
 	return r.cfg.RetryInterval
 }
 
-// Loop calls fn whenever Run asked for it or the next-run timer (MaxInterval, or the retry
-// interval after a failure) fired, until ctx is cancelled. It returns nil when ctx ends,
-// and an error at once if another Loop of the same runner is running: only one goroutine
-// may ever call fn.
+// Loop calls fn whenever Run asked for it or the next-run timer (MaxInterval, the retry
+// interval after a failure, or the time RunAfter asked for) fired, until ctx is cancelled.
+// It returns nil when ctx ends (after a run in progress returned, see StopGrace), and an
+// error at once if another Loop of the same runner is running: only one goroutine may ever
+// call fn.
 func (r *BoundedFrequencyRunner) Loop(ctx context.Context) error {
 	if !r.looping.CompareAndSwap(false, true) {
 		return fmt.Errorf("runner %q: Loop is already running", r.cfg.Name)
@@ -135,7 +195,10 @@ func (r *BoundedFrequencyRunner) Loop(ctx context.Context) error {
 	logger.V(3).Info("Runner loop starting")
 	defer logger.V(3).Info("Runner loop stopped")
 
-	nextRun := r.clock.NewTimer(r.cfg.MaxInterval)
+	// deadline is when the next unrequested run is due (MaxInterval, or the retry
+	// interval after a failure); RunAfter may ask for an earlier one.
+	deadline := r.clock.Now().Add(r.cfg.MaxInterval)
+	nextRun := r.clock.NewTimer(r.untilNext(deadline))
 	defer nextRun.Stop()
 	var minWait clock.Timer
 	if r.cfg.MinInterval > 0 {
@@ -151,12 +214,24 @@ func (r *BoundedFrequencyRunner) Loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-r.rearm:
+			// RunAfter asked for an earlier run: wait until then instead, or run now if
+			// that time has come.
+			stopAndDrain(nextRun)
+			if d := r.untilNext(deadline); d > 0 {
+				nextRun.Reset(d)
+				continue
+			}
 		case <-r.pending:
 		case <-nextRun.C():
+		}
+		if ctx.Err() != nil {
+			return nil // a request raced with the cancellation: start nothing new
 		}
 		// No timer runs while fn does: the next-run interval counts from the end of this
 		// run. (It also lets tests with a fake clock see that the loop is busy.)
 		stopAndDrain(nextRun)
+		r.takeWake()
 
 		err := r.runOnce(ctx, logger)
 
@@ -165,7 +240,8 @@ func (r *BoundedFrequencyRunner) Loop(ctx context.Context) error {
 			next = r.retryAfter()
 			logger.V(2).Info("Run failed, scheduling a retry", "err", err, "retryIn", next.Seconds())
 		}
-		nextRun.Reset(next)
+		deadline = r.clock.Now().Add(next)
+		nextRun.Reset(r.untilNext(deadline))
 
 		if minWait == nil {
 			continue
@@ -180,8 +256,17 @@ func (r *BoundedFrequencyRunner) Loop(ctx context.Context) error {
 	}
 }
 
-// runOnce calls fn, turning a panic into an error after logging and counting it.
+// runOnce calls fn, turning a panic into an error after logging and counting it. fn's
+// context outlives ctx by StopGrace.
 func (r *BoundedFrequencyRunner) runOnce(ctx context.Context, logger klog.Logger) (err error) {
+	runCtx := ctx
+	if r.cfg.StopGrace > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		stopWatching := context.AfterFunc(ctx, func() { r.graceThenCancel(runCtx, cancel, logger) })
+		defer stopWatching()
+	}
 	defer func() {
 		recovered := recover()
 		if recovered == nil {
@@ -197,7 +282,21 @@ func (r *BoundedFrequencyRunner) runOnce(ctx context.Context, logger klog.Logger
 			r.cfg.OnPanic(recovered, stack)
 		}
 	}()
-	return r.fn(ctx)
+	return r.fn(runCtx)
+}
+
+// graceThenCancel runs when the Loop's context ends during a run: it lets the run go on
+// for StopGrace, then cancels it.
+func (r *BoundedFrequencyRunner) graceThenCancel(runCtx context.Context, cancel context.CancelFunc, logger klog.Logger) {
+	logger.Info("Stopping; letting the run in progress finish first", "graceSeconds", r.cfg.StopGrace.Seconds())
+	t := r.clock.NewTimer(r.cfg.StopGrace)
+	defer t.Stop()
+	select {
+	case <-runCtx.Done():
+	case <-t.C():
+		logger.Error(nil, "The run in progress did not finish within the stop grace period; cancelling it", "graceSeconds", r.cfg.StopGrace.Seconds())
+		cancel()
+	}
 }
 
 // stopAndDrain stops t and discards a value it may already have delivered, so that a

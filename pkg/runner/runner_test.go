@@ -435,3 +435,139 @@ func TestFnReceivesLoopContext(t *testing.T) {
 		t.Fatal("fn was not called")
 	}
 }
+
+func TestRunAfterWakesTheLoopWithoutARequest(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	select {
+	case reply := <-h.calls:
+		h.r.RunAfter(3 * retryI) // from fn, as the sync loop schedules a Service's retry
+		h.r.RunAfter(5 * retryI) // a later time does not postpone the earlier one
+		reply <- outcome{}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fn was not called")
+	}
+	h.waitForTimers(2)
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+	h.clock.Step(3*retryI - minI - time.Millisecond)
+	h.expectNoRun()
+	h.clock.Step(time.Millisecond)
+	h.expectRun(outcome{})
+
+	// The run consumed the request: the next unrequested run is MaxInterval away.
+	h.waitForTimers(2)
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+	h.clock.Step(5 * retryI)
+	h.expectNoRun()
+	h.clock.Step(maxI - minI - 5*retryI)
+	h.expectRun(outcome{})
+}
+
+func TestRunAfterFromAnotherGoroutineShortensTheWait(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.waitForTimers(1) // waiting for MaxInterval
+	h.r.RunAfter(retryI)
+	// Times are absolute: whether the loop re-arms its timer before or after the steps
+	// below, it runs fn when retryI has passed, and not before.
+	h.clock.Step(retryI - time.Millisecond)
+	h.expectNoRun()
+	h.clock.Step(time.Millisecond)
+	h.expectRun(outcome{})
+}
+
+func TestRunAfterRespectsMinInterval(t *testing.T) {
+	h := newHarness(t, defaultConfig())
+	h.start()
+	h.r.Run()
+	select {
+	case reply := <-h.calls:
+		h.r.RunAfter(0)
+		reply <- outcome{}
+	case <-time.After(5 * time.Second):
+		t.Fatal("fn was not called")
+	}
+	h.waitForTimers(2)
+	h.expectNoRun()
+	h.clock.Step(minI)
+	h.expectRun(outcome{})
+}
+
+// TestStopLetsTheRunInProgressFinish: cancelling the loop's context while fn runs does not
+// cancel fn's context within StopGrace, and Loop returns only once fn has returned.
+func TestStopLetsTheRunInProgressFinish(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		grace      time.Duration
+		step       time.Duration
+		wantCancel bool
+	}{
+		{name: "finishes within the grace period", grace: 20 * time.Second, step: 19 * time.Second},
+		{name: "cancelled once the grace period is over", grace: 20 * time.Second, step: 20 * time.Second, wantCancel: true},
+		{name: "no grace period", grace: 0, wantCancel: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := testingclock.NewFakeClock(t0)
+			started, release := make(chan context.Context), make(chan struct{})
+			cfg := defaultConfig()
+			cfg.StopGrace = tc.grace
+			r, err := newWithClock(cfg, func(ctx context.Context) error {
+				started <- ctx
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return ctx.Err()
+			}, fc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Loop(ctx) }()
+			r.Run()
+			runCtx := <-started
+			cancel()
+			if tc.grace > 0 {
+				// The grace timer is armed once the cancellation was noticed.
+				for i := 0; !fc.HasWaiters() && i < 5000; i++ {
+					time.Sleep(time.Millisecond)
+				}
+				fc.Step(tc.step)
+			}
+			select {
+			case <-runCtx.Done():
+				if !tc.wantCancel {
+					t.Fatal("the run's context was cancelled within the grace period")
+				}
+			case <-time.After(50 * time.Millisecond):
+				if tc.wantCancel {
+					t.Fatal("the run's context was not cancelled")
+				}
+			}
+			select {
+			case err := <-done:
+				if !tc.wantCancel {
+					t.Fatalf("Loop returned (%v) while the run was still going", err)
+				}
+			case <-time.After(20 * time.Millisecond):
+				if tc.wantCancel {
+					t.Fatal("Loop did not return after its run was cancelled")
+				}
+				close(release)
+				if err := <-done; err != nil {
+					t.Fatalf("Loop returned %v", err)
+				}
+			}
+			// Nothing runs after the stop.
+			select {
+			case <-started:
+				t.Fatal("a run started after the loop's context ended")
+			default:
+			}
+		})
+	}
+}

@@ -6,6 +6,20 @@
 // Timing comes from a bounded-frequency runner (pkg/runner): a burst of changes becomes
 // one sync, at least minSyncPeriod separates two syncs, a failed sync is retried after
 // syncPeriod, and a sync runs at least every maxInterval even when nothing changed.
+//
+// A Service the kernel rejects (dataplane.Result.Failed) keeps its last good programming
+// (the backends' rule, see pkg/dataplane) and is retried on its own schedule: syncPeriod
+// after the failure, then twice as long after each further failure, up to
+// MaxRetryBackoff. The loop asks the runner to wake up for it (runner.RunAfter), so the
+// retry does not wait for another change or for the mode's maxInterval. Syncs in between
+// leave it alone (the tracker holds it back, see model.Tracker.Hold): a Service the kernel
+// keeps rejecting would otherwise cost every sync a rejected write, a log line and an
+// Event, and in iptables mode a rejected restore holds the xtables lock. A change to the
+// Service's own objects retries it at once: the change may be the fix.
+//
+// On stop (the context ends), a sync in progress finishes: it has ShutdownGrace to do so
+// (20 s by default, within the DaemonSet's terminationGracePeriodSeconds of 30 s), so that
+// SIGTERM never leaves the kernel half written. Nothing is removed on stop.
 package syncloop
 
 import (
@@ -35,6 +49,8 @@ type Tracker interface {
 	Drain() (map[model.IPFamily]*model.NodeState, map[model.IPFamily]model.Changes, model.DrainInfo)
 	Applied(family model.IPFamily, failed sets.Set[types.NamespacedName])
 	Failed(family model.IPFamily)
+	Hold(family model.IPFamily, names ...types.NamespacedName)
+	Retry(names ...types.NamespacedName)
 }
 
 // ProxyHealth is told when updates are queued and applied (*health.ProxyHealthServer).
@@ -80,8 +96,26 @@ type Config struct {
 	LocalHealthyEndpoints func(*model.NodeState) map[types.NamespacedName]int
 	HealthCheckNodePorts  func(*model.NodeState) map[types.NamespacedName]int32
 
+	// MaxRetryBackoff caps the wait before retrying a Service that keeps failing
+	// (DefaultMaxRetryBackoff when zero; never below SyncPeriod).
+	MaxRetryBackoff time.Duration
+	// ShutdownGrace is how long a sync in progress when Run's context ends may go on
+	// (DefaultShutdownGrace when zero; negative: none, the sync is cancelled at once).
+	ShutdownGrace time.Duration
+
 	Clock clock.Clock
 }
+
+const (
+	// DefaultMaxRetryBackoff caps a failing Service's retry backoff: an operator who
+	// fixed the cause (loaded a kernel module, stopped another writer) waits at most this
+	// long for the Service to be programmed.
+	DefaultMaxRetryBackoff = 5 * time.Minute
+	// DefaultShutdownGrace bounds how long a sync in progress at SIGTERM may go on. The
+	// DaemonSet gives the pod 30 s (terminationGracePeriodSeconds) before the kubelet
+	// kills it; 20 s leaves the rest for the process to exit and flush its logs.
+	DefaultShutdownGrace = 20 * time.Second
+)
 
 // failureReasons are the reason label values of sluice_sync_failures_total.
 var failureReasons = []string{"backend", "service", "panic", "conntrack"}
@@ -92,9 +126,21 @@ type Loop struct {
 	clock  clock.Clock
 	runner *runner.BoundedFrequencyRunner
 
-	// mu guards status, read by the debug endpoint from other goroutines.
+	// mu guards status and retries, read by the debug endpoint from other goroutines.
+	// Only the sync goroutine writes them.
 	mu     sync.Mutex
 	status map[model.IPFamily]*FamilyStatus
+	// retries are, per family, the Services that failed and wait for their retry.
+	retries map[model.IPFamily]map[types.NamespacedName]*retryState
+}
+
+// retryState is one failing Service's retry schedule.
+type retryState struct {
+	// attempts counts the failed attempts since the Service was last programmed.
+	attempts int
+	// next is when it is retried (unless its objects change before).
+	next time.Time
+	err  error
 }
 
 // FamilyStatus is what the last syncs of one family achieved (for `sluice status` and the
@@ -107,9 +153,12 @@ type FamilyStatus struct {
 	LastFullSync     time.Time `json:"lastFullSync,omitzero"`
 	LastSyncDuration float64   `json:"lastSyncSeconds"`
 	LastError        string    `json:"lastError,omitempty"`
-	// Failed maps "namespace/name" to why the Service could not be programmed.
+	// Failed maps "namespace/name" to why the Service could not be programmed. Until it
+	// is, it keeps its last good programming.
 	Failed map[string]string `json:"failed,omitempty"`
-	Syncs  int               `json:"syncs"`
+	// NextRetry maps the same Services to when they are retried next.
+	NextRetry map[string]time.Time `json:"nextRetry,omitempty"`
+	Syncs     int                  `json:"syncs"`
 }
 
 // New checks cfg and builds the loop.
@@ -120,9 +169,22 @@ func New(cfg Config) (*Loop, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	l := &Loop{cfg: cfg, clock: cfg.Clock, status: map[model.IPFamily]*FamilyStatus{}}
+	if cfg.MaxRetryBackoff == 0 {
+		cfg.MaxRetryBackoff = DefaultMaxRetryBackoff
+	}
+	grace := cfg.ShutdownGrace
+	switch {
+	case grace == 0:
+		grace = DefaultShutdownGrace
+	case grace < 0:
+		grace = 0
+	}
+	l := &Loop{cfg: cfg, clock: cfg.Clock, status: map[model.IPFamily]*FamilyStatus{},
+		retries: map[model.IPFamily]map[types.NamespacedName]*retryState{}}
+	metrics.SyncFailuresTotal.WithLabelValues("all", string(cfg.Backends[0].Mode()), "panic")
 	for _, b := range cfg.Backends {
-		l.status[b.Family()] = &FamilyStatus{Family: b.Family().String(), Mode: string(b.Mode()), Failed: map[string]string{}}
+		l.retries[b.Family()] = map[types.NamespacedName]*retryState{}
+		l.status[b.Family()] = &FamilyStatus{Family: b.Family().String(), Mode: string(b.Mode()), Failed: map[string]string{}, NextRetry: map[string]time.Time{}}
 		// Every failure series exists from the start, at 0: a labelled counter is absent
 		// from /metrics until first incremented, and rate() or an alert on an absent
 		// series sees nothing, so the first failure would go unnoticed.
@@ -137,6 +199,7 @@ func New(cfg Config) (*Loop, error) {
 		MaxInterval:   cfg.MaxSyncInterval,
 		Mode:          string(cfg.Backends[0].Mode()),
 		IPFamily:      "all",
+		StopGrace:     grace,
 	}, l.sync, cfg.Clock)
 	if err != nil {
 		return nil, fmt.Errorf("creating the sync runner: %w", err)
@@ -184,9 +247,11 @@ func (l *Loop) Status() []FamilyStatus {
 	out := make([]FamilyStatus, 0, len(l.cfg.Backends))
 	for _, b := range l.cfg.Backends {
 		s := *l.status[b.Family()]
-		s.Failed = make(map[string]string, len(l.status[b.Family()].Failed))
-		for k, v := range l.status[b.Family()].Failed {
-			s.Failed[k] = v
+		s.Failed = make(map[string]string, len(l.retries[b.Family()]))
+		s.NextRetry = make(map[string]time.Time, len(l.retries[b.Family()]))
+		for name, r := range l.retries[b.Family()] {
+			s.Failed[name.String()] = r.err.Error()
+			s.NextRetry[name.String()] = r.next
 		}
 		out = append(out, s)
 	}
@@ -200,6 +265,7 @@ func (l *Loop) sync(ctx context.Context) error {
 		logger.V(2).Info("Not syncing until Services and EndpointSlices have been received")
 		return nil
 	}
+	l.releaseDueRetries(l.clock.Now())
 	states, changes, info := l.cfg.Tracker.Drain()
 	metrics.ServiceChangesTotal.Add(float64(info.ServiceEvents))
 	metrics.EndpointChangesTotal.Add(float64(info.EndpointSliceEvents))
@@ -207,6 +273,7 @@ func (l *Loop) sync(ctx context.Context) error {
 	metrics.ServiceChangesPending.Set(float64(pending.Services))
 	metrics.EndpointChangesPending.Set(float64(pending.EndpointSlices))
 	l.reportProblems(logger, info.Problems)
+	l.reportComputeFailures(logger, info.ComputeFailed)
 
 	var errs []error
 	for _, b := range l.cfg.Backends {
@@ -219,7 +286,64 @@ func (l *Loop) sync(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("%s: %w", family, err))
 		}
 	}
+	l.scheduleRetries(len(info.ComputeFailed) > 0)
 	return errors.Join(errs...)
+}
+
+// releaseDueRetries lets the tracker report again the failed Services whose retry is due.
+func (l *Loop) releaseDueRetries(now time.Time) {
+	var due []types.NamespacedName
+	seen := sets.New[types.NamespacedName]()
+	for _, b := range l.cfg.Backends {
+		for name, r := range l.retries[b.Family()] {
+			if !r.next.After(now) && !seen.Has(name) {
+				seen.Insert(name)
+				due = append(due, name)
+			}
+		}
+	}
+	if len(due) > 0 {
+		l.cfg.Tracker.Retry(due...)
+	}
+}
+
+// scheduleRetries asks the runner to wake up for the earliest retry, or after syncPeriod
+// when a Service's computation failed (the tracker computes it again at the next sync).
+func (l *Loop) scheduleRetries(computeFailed bool) {
+	var earliest time.Time
+	for _, b := range l.cfg.Backends {
+		for _, r := range l.retries[b.Family()] {
+			if earliest.IsZero() || r.next.Before(earliest) {
+				earliest = r.next
+			}
+		}
+	}
+	now := l.clock.Now()
+	if computeFailed && (earliest.IsZero() || earliest.After(now.Add(l.retryInterval()))) {
+		earliest = now.Add(l.retryInterval())
+	}
+	if !earliest.IsZero() {
+		l.runner.RunAfter(earliest.Sub(now))
+	}
+}
+
+// retryInterval is the first retry's delay: syncPeriod, the runner's retry interval.
+func (l *Loop) retryInterval() time.Duration {
+	if l.cfg.SyncPeriod > 0 {
+		return l.cfg.SyncPeriod
+	}
+	return l.cfg.MaxSyncInterval
+}
+
+// backoff is how long a Service that failed attempts times in a row waits for its next
+// retry: the retry interval, doubled after every further failure, capped.
+func (l *Loop) backoff(attempts int) time.Duration {
+	d := l.retryInterval()
+	limit := max(l.cfg.MaxRetryBackoff, d)
+	for i := 1; i < attempts && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
 }
 
 // syncFamily applies one family's state and records the outcome. A returned error makes
@@ -251,19 +375,16 @@ func (l *Loop) syncFamily(ctx context.Context, b dataplane.Backend, state *model
 		return res.Err
 	}
 
-	failed := sets.New[types.NamespacedName]()
-	for name, err := range res.Failed {
-		failed.Insert(name)
-		logger.Error(err, "Service could not be programmed; other Services were", "service", name)
-		if l.cfg.Reporter != nil {
-			l.cfg.Reporter.ServiceFailed(name, family, err)
-		}
-	}
+	failed := sets.KeySet(res.Failed)
 	l.cfg.Tracker.Applied(family, failed)
 	if len(failed) > 0 {
+		// Until their retry, syncs keep their last good version (the state now carries
+		// it, for the health and conntrack bookkeeping below too).
+		l.cfg.Tracker.Hold(family, failed.UnsortedList()...)
 		metrics.SyncFailuresTotal.WithLabelValues(fam, string(b.Mode()), "service").Inc()
 	}
-	metrics.ServicesFailed.WithLabelValues(fam).Set(float64(len(failed)))
+	failing := l.recordServiceOutcomes(logger, family, ch, res.Failed, now)
+	metrics.ServicesFailed.WithLabelValues(fam).Set(float64(failing))
 	metrics.ServicePortsDesired.WithLabelValues(fam).Set(float64(len(state.Services)))
 
 	// Latency metrics, like upstream's: every sync, then full or partial.
@@ -285,23 +406,6 @@ func (l *Loop) syncFamily(ctx context.Context, b dataplane.Backend, state *model
 	st.LastSuccess, st.LastError = now, ""
 	if res.Full || ch.Full {
 		st.LastFullSync = now
-	}
-	// Failed Services stay listed until an apply that covers them succeeds.
-	for name := range ch.Services {
-		if !failed.Has(name) {
-			if _, was := st.Failed[name.String()]; was && l.cfg.Reporter != nil {
-				l.cfg.Reporter.Forget(name)
-			}
-			delete(st.Failed, name.String())
-		}
-	}
-	if ch.Full {
-		for k := range st.Failed {
-			delete(st.Failed, k)
-		}
-	}
-	for name, err := range res.Failed {
-		st.Failed[name.String()] = err.Error()
 	}
 	l.mu.Unlock()
 
@@ -327,6 +431,63 @@ func (l *Loop) syncFamily(ctx context.Context, b dataplane.Backend, state *model
 	}
 	logger.V(2).Info("Synced proxy rules", "elapsed", elapsed.Seconds(), "full", res.Full || ch.Full, "failedServices", len(failed))
 	return nil
+}
+
+// recordServiceOutcomes updates the retry schedule of family's Services after an apply
+// that did not fail as a whole: the Services in failed are reported and scheduled, the
+// failing Services this apply programmed after all are forgotten. It returns how many
+// Services of the family are failing.
+func (l *Loop) recordServiceOutcomes(logger klog.Logger, family model.IPFamily, ch model.Changes, failed map[types.NamespacedName]error, now time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	retries := l.retries[family]
+	for name, err := range failed {
+		r := retries[name]
+		if r == nil {
+			r = &retryState{}
+			retries[name] = r
+		}
+		r.attempts++
+		r.err = err
+		wait := l.backoff(r.attempts)
+		r.next = now.Add(wait)
+		logger.Error(err, "Service could not be programmed; it keeps its last good rules and will be retried",
+			"service", klog.KRef(name.Namespace, name.Name), "attempt", r.attempts, "retryInSeconds", wait.Seconds())
+		if l.cfg.Reporter != nil {
+			l.cfg.Reporter.ServiceFailed(name, family, err)
+		}
+	}
+	// A failing Service is attempted again only when it is in the changes: held
+	// Services are not, and a full apply programs their last good version.
+	for name, r := range retries {
+		if _, failedAgain := failed[name]; failedAgain || !ch.Services.Has(name) {
+			continue
+		}
+		delete(retries, name)
+		logger.Info("Service programmed after failing", "service", klog.KRef(name.Namespace, name.Name), "failedAttempts", r.attempts)
+		if l.cfg.Reporter != nil {
+			l.cfg.Reporter.Forget(name)
+		}
+	}
+	return len(retries)
+}
+
+// reportComputeFailures logs, counts and reports Services whose computation panicked (a
+// bug, with its stack). The tracker kept their previous state and computes them again at
+// the next sync.
+func (l *Loop) reportComputeFailures(logger klog.Logger, failed map[types.NamespacedName]error) {
+	if len(failed) == 0 {
+		return
+	}
+	mode := string(l.cfg.Backends[0].Mode())
+	for name, err := range failed {
+		metrics.SyncFailuresTotal.WithLabelValues("all", mode, "panic").Inc()
+		logger.Error(err, "Computing a Service's rules panicked; it keeps its previous rules and is computed again at the next sync",
+			"service", klog.KRef(name.Namespace, name.Name))
+		if l.cfg.Reporter != nil {
+			l.cfg.Reporter.ServiceFailed(name, l.cfg.Backends[0].Family(), fmt.Errorf("internal error computing the Service's rules (see sluice's log)"))
+		}
+	}
 }
 
 // apply calls the backend, turning a panic into a whole-sync failure of this family only.

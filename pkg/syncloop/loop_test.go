@@ -209,12 +209,15 @@ func TestFailedServiceIsReportedAndRetriedWhileOthersAreProgrammed(t *testing.T)
 	}
 
 	h.backend.FailService(bad, nil)
+	// Its retry is due syncPeriod after the failure (loop_failure_test.go checks the
+	// schedule).
+	h.loop.clock.(*clocktesting.FakeClock).Step(h.loop.cfg.SyncPeriod)
 	if err := h.loop.sync(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	_, ch, _ := h.backend.Last()
 	if !ch.Services.Has(bad) {
-		t.Fatalf("the next sync did not retry %v: %v", bad, ch.Services.UnsortedList())
+		t.Fatalf("the sync at its retry time did not retry %v: %v", bad, ch.Services.UnsortedList())
 	}
 	if st := h.loop.Status()[0]; len(st.Failed) != 0 {
 		t.Errorf("status still lists failures after a successful retry: %v", st.Failed)

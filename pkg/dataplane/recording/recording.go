@@ -70,8 +70,10 @@ func (b *Backend) Family() model.IPFamily { return b.family }
 
 // Apply records desired and changes. It fails as a whole when FailApply is set (nothing
 // is recorded as programmed), and reports the Services set by FailService that this apply
-// had to program (all of them on a full apply, else those in changes.Services) as Failed;
-// everything else it was asked for counts as programmed.
+// had to change (on a full apply, those whose desired version differs from the programmed
+// one; else those in changes.Services) as Failed, keeping their programmed version, as a
+// real backend keeps a rejected Service's last good rules; everything else it was asked
+// for counts as programmed.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -117,7 +119,7 @@ func (b *Backend) programLocked(desired *model.NodeState, changes model.Changes)
 	next.Family, next.Node, next.ServiceCIDRs = desired.Family, desired.Node, desired.ServiceCIDRs
 	var failed map[types.NamespacedName]error
 	for name := range todo {
-		if err, fail := b.failServices[name]; fail {
+		if err, fail := b.failServices[name]; fail && (!changes.Full || !samePorts(prev.PortsOf(name), desired.PortsOf(name))) {
 			if failed == nil {
 				failed = map[types.NamespacedName]error{}
 			}
@@ -128,6 +130,19 @@ func (b *Backend) programLocked(desired *model.NodeState, changes model.Changes)
 	}
 	b.programmed = next
 	return failed
+}
+
+// samePorts reports whether two versions of a Service's ports are equal.
+func samePorts(a, b []*model.ServicePort) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func (b *Backend) notifyLocked() {
@@ -143,7 +158,7 @@ func (b *Backend) FailApply(err error) {
 }
 
 // FailService makes every following Apply report name as Failed with err whenever it has
-// to program name; nil err stops it.
+// to change name; nil err stops it.
 func (b *Backend) FailService(name types.NamespacedName, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

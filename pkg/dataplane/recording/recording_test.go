@@ -168,6 +168,13 @@ func TestFailedServiceIsReportedAndKeepsItsOldVersion(t *testing.T) {
 		t.Fatalf("full Apply = %+v, want ns/b failed", res)
 	}
 
+	// A full apply that finds b as it is programmed has nothing to write for it, and
+	// nothing to fail.
+	res = b.Apply(ctx, state(map[types.NamespacedName]int32{svcA: 81, svcB: 80, svcC: 81}), changed(true))
+	if res.Err != nil || len(res.Failed) != 0 {
+		t.Fatalf("full Apply with b unchanged = %+v, want success", res)
+	}
+
 	// Once the failure is lifted the retry (the loop marks b changed again) programs it.
 	b.FailService(svcB, nil)
 	res = b.Apply(ctx, state(map[types.NamespacedName]int32{svcA: 81, svcB: 81, svcC: 81}), changed(false, svcB))
