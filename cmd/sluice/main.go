@@ -23,7 +23,12 @@ func run() int {
 	logs.InitLogs()
 	defer logs.FlushLogs()
 
+	// SIGTERM (the kubelet stopping the pod) or Ctrl-C ends ctx: the daemon stops taking
+	// new work, lets a sync in progress finish (pkg/syncloop, at most 20 s of the pod's
+	// 30 s grace period) and leaves every rule in place. A second signal kills the process
+	// at once: the first one's handling ends when ctx does.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, stop)
 	return execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
 }
