@@ -69,6 +69,8 @@ type Backend struct {
 	splitLogged bool
 
 	stats ApplyStats
+	// rc is the render configuration of the Apply in progress.
+	rc *renderConfig
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -93,7 +95,7 @@ type options struct {
 	sysctl     hostnet.Sysctls
 	nfacct     nfacctClient
 	listChains bool // read chains with iptables-save even in the nft flavour
-	faulty     func(types.NamespacedName) bool
+	faulty     func(types.NamespacedName, []*model.ServicePort) bool
 	installed  Flavour
 }
 
@@ -132,9 +134,13 @@ func withNFAcct(n nfacctClient) Option    { return func(o *options) { o.nfacct =
 func withProbe(p flavourProbe) Option     { return func(o *options) { o.probe = p } }
 func withSaveListing() Option             { return func(o *options) { o.listChains = true } }
 func withFaultyServices(names ...types.NamespacedName) Option {
-	return func(o *options) {
-		o.faulty = func(n types.NamespacedName) bool { return slices.Contains(names, n) }
-	}
+	return withFault(func(n types.NamespacedName, _ []*model.ServicePort) bool { return slices.Contains(names, n) })
+}
+
+// withFault gives the Services (in the versions) fault picks one rule the kernel rejects,
+// in the rules written to the kernel: a rejected update without a fake kernel.
+func withFault(fault func(types.NamespacedName, []*model.ServicePort) bool) Option {
+	return func(o *options) { o.faulty = fault }
 }
 
 // New sets the node up for the iptables mode and returns the backend of one family. It
@@ -284,8 +290,9 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 // Apply implements dataplane.Backend. A partial sync writes only the changed Services'
 // chains and their rules in the shared chains; a full sync (first sync, after a failure,
 // when the canary chain is gone, when node-wide inputs changed, and every hour) rewrites
-// everything. A Service whose rules iptables-restore rejects is left out and reported in
-// Result.Failed; every other Service is programmed.
+// everything. A Service whose rules iptables-restore rejects keeps the rules the kernel
+// held for it (none if it is new) and is reported in Result.Failed; every other Service
+// is programmed.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.opts.now()
 	b.stats = ApplyStats{Rules: map[string]int{}}
@@ -305,6 +312,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	}
 	rc := newRenderConfig(b.cfg, desired.Node, localAddrs, b.tcpLiberal, b.nfacct, endpoints)
 	rc.faulty = b.opts.faulty
+	b.rc = rc
 	static := renderStatic(rc)
 
 	reason := b.fullReason(changes, static, endpoints)
@@ -577,44 +585,82 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 			return true, nil
 		}
 		owner, table, named := blame(in, rerr)
-		if table == tableFilter {
+		// What the kernel held before this restore, for the Services it concerned.
+		before := make(map[types.NamespacedName]*appliedService, len(us))
+		for _, u := range us {
+			before[u.name] = u.old
+		}
+		natCommitted := table == tableFilter
+		if natCommitted {
 			// nat was committed before filter failed.
 			b.commitUnits(us, true, false)
 			for i := range us {
 				us[i].old = b.applied[us[i].name]
 			}
 		}
+		var blamed *unit
 		switch {
 		case named && (owner.kind == lineDelete || owner.kind == lineStale):
 			return true, nil
 		case named && owner.kind == lineService:
-			failed[owner.service] = rerr
-			iso.blamed()
 			rest := make([]unit, 0, len(us))
-			for _, u := range us {
-				if u.name == owner.service {
-					if old := b.applied[u.name]; old != nil {
-						// Leave nothing of it behind: no dangling jumps, no chains.
-						queue = append(queue, []unit{{name: u.name, old: old}})
-					}
+			for i := range us {
+				if us[i].name == owner.service {
+					blamed = &us[i]
 					continue
 				}
-				rest = append(rest, u)
+				rest = append(rest, us[i])
 			}
 			queue = append([][]unit{rest}, queue...)
 		case len(us) == 1:
-			failed[us[0].name] = rerr
-			iso.blamed()
-			if old := b.applied[us[0].name]; old != nil {
-				queue = append(queue, []unit{{name: us[0].name, old: old}})
-			}
+			blamed = &us[0]
 		default:
 			// A global line or no line at all: split.
 			half := len(us) / 2
 			queue = append([][]unit{us[:half], us[half:]}, queue...)
 		}
+		if blamed == nil {
+			continue
+		}
+		if !blamed.restoring {
+			failed[blamed.name] = rerr
+			iso.blamed()
+		}
+		next, ok := b.lastGoodUnit(*blamed, before[blamed.name], natCommitted)
+		if !ok {
+			// Not even its removal was taken: only a full sync can tell what the kernel holds.
+			return true, nil
+		}
+		if next != nil {
+			queue = append(queue, []unit{*next})
+		}
 	}
 	return false, nil
+}
+
+// lastGoodUnit decides what follows the kernel's refusal of u, a Service's change from
+// prev: the Service must keep its last good version (dataplane.Backend's failure rule).
+// Nothing follows when nothing of u was committed: the kernel still holds prev. When nat
+// was committed and filter refused, the unit returned writes prev's version back (or
+// removes the Service if it is new). When that is refused too, the unit returned removes
+// the Service, so that no half of two versions stays; ok is false when even that was
+// refused.
+func (b *Backend) lastGoodUnit(u unit, prev *appliedService, natCommitted bool) (next *unit, ok bool) {
+	switch {
+	case !u.restoring && !natCommitted:
+		return nil, true
+	case !u.restoring:
+		back := &unit{name: u.name, old: b.applied[u.name], restoring: true}
+		if prev != nil && len(prev.ports) > 0 {
+			back.new = renderService(b.rc, u.name, prev.ports)
+		}
+		b.logger.Info("Writing back the last good rules of a Service whose update was half taken", "service", klog.KRef(u.name.Namespace, u.name.Name))
+		return back, true
+	case u.new != nil:
+		b.logger.Info("Its last good rules were refused too; removing the Service's rules", "service", klog.KRef(u.name.Namespace, u.name.Name))
+		return &unit{name: u.name, old: b.applied[u.name], restoring: true}, true
+	}
+	return nil, false
 }
 
 // commitUnits records that the kernel now holds the units' new state, for the tables that
@@ -634,8 +680,13 @@ func (b *Backend) commitUnits(us []unit, nat, filter bool) {
 			continue
 		}
 		a := appliedFrom(u.new)
-		if old := b.applied[u.name]; old != nil && !filter {
-			a.filterTop = old.filterTop
+		if !filter {
+			// nat holds the new version, filter the old one: the last good version is
+			// still the old one.
+			a.ports = nil
+			if old := b.applied[u.name]; old != nil {
+				a.filterTop, a.ports = old.filterTop, old.ports
+			}
 		}
 		b.applied[u.name] = a
 	}
@@ -716,6 +767,21 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 	}
 	var held []types.NamespacedName
 	undeletable := map[string]bool{}
+	// kept are the held Services and those the kernel refused: left as the kernel has
+	// them (their last good version), when that is known. A refused Service whose chains
+	// a first restore already rewrote (prestaged) cannot be kept as it was: it is removed.
+	kept := func() []types.NamespacedName {
+		if !b.known {
+			return nil
+		}
+		out := slices.Clone(held)
+		for name := range failed {
+			if b.applied[name] != nil && !prestaged[name] && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+		return out
+	}
 	for {
 		p := &fullPlan{static: static, prestaged: prestaged, undeletable: undeletable, canary: true}
 		active := map[string]bool{}
@@ -726,13 +792,13 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 				active[c.name] = true
 			}
 		}
-		if b.known {
-			for _, name := range held {
-				if a := b.applied[name]; a != nil {
-					p.keep = append(p.keep, a)
-					for _, c := range a.chainNames() {
-						active[c] = true
-					}
+		keep := kept()
+		slices.SortFunc(keep, compareNames)
+		for _, name := range keep {
+			if a := b.applied[name]; a != nil {
+				p.keep = append(p.keep, a)
+				for _, c := range a.chainNames() {
+					active[c] = true
 				}
 			}
 		}
@@ -754,11 +820,9 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 			for _, s := range p.write {
 				applied[s.name] = appliedFrom(s)
 			}
-			if b.known {
-				for _, name := range held {
-					if a := b.applied[name]; a != nil {
-						applied[name] = a
-					}
+			for _, name := range keep {
+				if a := b.applied[name]; a != nil {
+					applied[name] = a
 				}
 			}
 			b.applied, b.known, b.static, b.lastFull = applied, true, static.fingerprint(), b.opts.now()

@@ -192,8 +192,11 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 				{name: "recovered", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.0.2.3:80"},
 			})
 
-			// A working Service that starts failing on update is removed, not left stale.
-			k.rejectAtCommit = reject
+			// A working Service whose update the kernel refuses keeps its last good rules,
+			// through the partial sync that failed and through full syncs (which the sync
+			// loop gives its last good version while it waits for its retry).
+			lastGood := w.state(model.IPv4)
+			k.rejectAtCommit = func(table, chain string, r *fakeRule) bool { return strings.Contains(r.spec, "10.0.2.33:80") }
 			w.set(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.0.2.33", node: "node2"}))
 			res = b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3"))
 			if res.Err != nil || res.Failed[bad] == nil {
@@ -201,20 +204,69 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 			}
 			assertConsistent(t, k)
 			runPacketFlowTests(t, env, []packetFlowTest{
-				{name: "failed update removes the Service", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "local"},
+				{name: "failed update keeps the last good rules", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.0.2.3:80"},
 				{name: "others untouched", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.0.2.77:80"},
 			})
-			if d := diffRuleSets(fromScratch(t, cfg, flavour, withoutService(w.state(model.IPv4), bad)), ruleSet(k)); d != "" {
-				t.Fatalf("kernel differs from a full sync without the failed Service:\n%s", d)
+			if d := diffRuleSets(fromScratch(t, cfg, flavour, lastGood), ruleSet(k)); d != "" {
+				t.Fatalf("kernel differs from a full sync of the last good version:\n%s", d)
 			}
+			mustApply(t, b, lastGood, full())
+			if d := diffRuleSets(fromScratch(t, cfg, flavour, lastGood), ruleSet(k)); d != "" {
+				t.Fatalf("after a full sync of the last good version:\n%s", d)
+			}
+			// A full sync that tries the new version again keeps the old one too.
+			res = b.Apply(context.Background(), w.state(model.IPv4), full())
+			if res.Err != nil || res.Failed[bad] == nil {
+				t.Fatalf("full retry: Err=%v Failed=%v", res.Err, res.Failed)
+			}
+			if d := diffRuleSets(fromScratch(t, cfg, flavour, lastGood), ruleSet(k)); d != "" {
+				t.Fatalf("a full sync refused the update and did not keep the last good version:\n%s", d)
+			}
+			assertConsistent(t, k)
 		})
 	}
 }
 
-func withoutService(st *model.NodeState, name types.NamespacedName) *model.NodeState {
-	c := st.Clone()
-	c.SetService(name, nil, nil)
-	return c
+// TestHalfTakenUpdateIsWrittenBack: the kernel takes a Service's nat rules and refuses its
+// filter rules (tables commit one by one): the nat rules are written back to the last good
+// version, so that no Service is left with halves of two versions.
+func TestHalfTakenUpdateIsWrittenBack(t *testing.T) {
+	bad := types.NamespacedName{Namespace: "ns3", Name: "svc3"}
+	for _, flavour := range []Flavour{FlavourLegacy, FlavourNFT} {
+		t.Run(string(flavour), func(t *testing.T) {
+			cfg := testConfig(model.IPv4)
+			w := featureWorld()
+			b, k, _ := newTestBackend(t, cfg, flavour)
+			mustApply(t, b, w.state(model.IPv4), full())
+			lastGood := w.state(model.IPv4)
+
+			// svc3 loses its endpoints: its nat chains go, a filter REJECT comes, and the
+			// kernel refuses that REJECT.
+			k.rejectAtCommit = func(table, chain string, r *fakeRule) bool {
+				return table == tableFilter && strings.Contains(r.spec, "172.30.0.43")
+			}
+			w.set(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), nil)
+			res := b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3"))
+			if res.Err != nil || len(res.Failed) != 1 || res.Failed[bad] == nil {
+				t.Fatalf("Err=%v Failed=%v", res.Err, res.Failed)
+			}
+			assertConsistent(t, k)
+			if d := diffRuleSets(fromScratch(t, cfg, flavour, lastGood), ruleSet(k)); d != "" {
+				t.Fatalf("kernel differs from the last good version:\n%s", d)
+			}
+			env := &traceEnv{k: k, localAddrs: testLocalAddrs}
+			runPacketFlowTests(t, env, []packetFlowTest{
+				{name: "last good rules", pkt: packet{src: a("10.0.1.99"), dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.0.2.3:80"},
+			})
+
+			// Fixed: the retry programs the update.
+			k.rejectAtCommit = nil
+			mustApply(t, b, w.state(model.IPv4), changed("ns3/svc3"))
+			if d := diffRuleSets(fromScratch(t, cfg, flavour, w.state(model.IPv4)), ruleSet(k)); d != "" {
+				t.Fatalf("after the retry:\n%s", d)
+			}
+		})
+	}
 }
 
 // TestFaultyServiceOption checks the kernel-test hook: the extra rule is a MASQUERADE in a

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // This file assembles iptables-restore input from rendered rules, remembering which
@@ -137,6 +139,9 @@ func writeDecls(r *restoreInput, decls []chainDecl) {
 // appliedService is what the kernel holds for one Service, as far as sluice knows: enough
 // to undo it (delete its top-level rules and chains) without reading the kernel.
 type appliedService struct {
+	// ports are the model's ports of the version the kernel holds (the last good one), to
+	// write it back when a rejected update was half committed (nat taken, filter refused).
+	ports                            []*model.ServicePort
 	natChains                        []appliedChain
 	natTop                           []topRule
 	filterTop                        []topRule
@@ -162,7 +167,7 @@ func chainSum(c *chainRules) uint64 {
 }
 
 func appliedFrom(s *serviceRules) *appliedService {
-	a := &appliedService{natTop: s.natTop, filterTop: s.filterTop, natRules: s.natRuleCount(),
+	a := &appliedService{ports: s.ports, natTop: s.natTop, filterTop: s.filterTop, natRules: s.natRuleCount(),
 		noLocalInternal: s.noLocalInternal, noLocalExternal: s.noLocalExternal,
 		natChains: make([]appliedChain, 0, len(s.natChains))}
 	for i := range s.natChains {
@@ -178,6 +183,9 @@ type unit struct {
 	name types.NamespacedName
 	old  *appliedService
 	new  *serviceRules
+	// restoring marks a unit that writes back a rejected Service's last good version (or
+	// removes it when even that is refused).
+	restoring bool
 }
 
 // renderUnits builds the restore input of a partial sync: for each Service, its top-level

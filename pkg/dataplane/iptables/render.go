@@ -54,7 +54,7 @@ type renderConfig struct {
 	nfacct bool
 	// faulty, in tests only, names Services that get one extra rule the kernel rejects
 	// (MASQUERADE outside POSTROUTING), to prove failure isolation against a real kernel.
-	faulty func(types.NamespacedName) bool
+	faulty func(types.NamespacedName, []*model.ServicePort) bool
 }
 
 // newRenderConfig resolves a dataplane.Config for one sync.
@@ -142,7 +142,9 @@ type chainRules struct {
 
 // serviceRules is everything one Service (all its ports) contributes to the ruleset.
 type serviceRules struct {
-	name      types.NamespacedName
+	name types.NamespacedName
+	// ports are the model's ports the rules were rendered from.
+	ports     []*model.ServicePort
 	natTop    []topRule
 	filterTop []topRule
 	natChains []chainRules
@@ -175,11 +177,11 @@ func probability(n int) string { return fmt.Sprintf("%0.10f", 1.0/float64(n)) }
 // renderService renders every port of one Service. ports must be the Service's ports in
 // desired (in NodeState.PortsOf order).
 func renderService(rc *renderConfig, name types.NamespacedName, ports []*model.ServicePort) *serviceRules {
-	s := &serviceRules{name: name}
+	s := &serviceRules{name: name, ports: ports}
 	for _, sp := range ports {
 		renderPort(rc, sp, s)
 	}
-	if rc.faulty != nil && rc.faulty(name) && len(s.natChains) > 0 {
+	if rc.faulty != nil && rc.faulty(name, ports) && len(s.natChains) > 0 {
 		// A target the kernel refuses in a chain reachable from PREROUTING and OUTPUT.
 		c := &s.natChains[len(s.natChains)-1]
 		c.rules = append(c.rules, "-A "+c.name+" -m comment --comment \"sluice test: rejected by the kernel\" -j MASQUERADE")
