@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
@@ -14,8 +17,9 @@ import (
 // The applier: runs a plan's operations in order, keeps the kernel view current with every
 // one that succeeds, and sorts failures into the Service's and the sync's.
 
-// execute runs p and returns the sync's result (Full is set by the caller).
-func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Result {
+// execute runs p and returns the sync's result (Full is set by the caller). A Service
+// whose operations the kernel rejects is put back as good says it was (see rollback.go).
+func (b *Backend) execute(ctx context.Context, p *plan, full bool, good *lastGood) dataplane.Result {
 	failed := map[types.NamespacedName]error{}
 	fail := func(name types.NamespacedName, err error) {
 		if prev, ok := failed[name]; ok {
@@ -31,25 +35,35 @@ func (b *Backend) execute(ctx context.Context, p *plan, full bool) dataplane.Res
 		}
 	}
 
+	rejected := sets.New[types.NamespacedName]()
 	for _, so := range p.services {
 		if err := ctx.Err(); err != nil {
 			return dataplane.Result{Err: err}
 		}
-		for i, o := range so.ops {
-			if err := b.run(ctx, o); err != nil {
-				fail(so.name, fmt.Errorf("%s: %w", o, err))
-				// The frontends it was giving up are still its own, to be deleted when it
-				// is retried.
-				for _, rest := range so.ops[i:] {
-					if rest.kind == opDeleteVS {
-						b.idx.own(rest.vs, so.name)
-					}
-				}
-				break
+		if err, undone := b.runServiceOps(ctx, so); err != nil {
+			fail(so.name, err)
+			rejected.Insert(so.name)
+			if !undone {
+				syncErrs = append(syncErrs, fmt.Errorf("undoing the rejected update of Service %s failed", so.name))
 			}
 		}
 		if len(so.errs) > 0 {
 			fail(so.name, describeFailures(so.errs))
+		}
+	}
+	if rejected.Len() > 0 {
+		r, err := b.revert(ctx, rejected, good)
+		if err != nil {
+			syncErrs = append(syncErrs, fmt.Errorf("putting back the last good version of %v: %w", sortedNames(rejected), err))
+		}
+		b.idx.mergeReverted(p, r)
+		for key, owner := range b.draining {
+			if rejected.Has(owner) {
+				delete(b.draining, key)
+			}
+		}
+		for key, owner := range r.draining {
+			b.draining[key] = owner
 		}
 	}
 
@@ -174,17 +188,28 @@ func (b *Backend) run(ctx context.Context, o op) error {
 		if errors.Is(err, errExist) {
 			err = b.ipvs.UpdateDestination(o.vs, o.rs, o.weight)
 		}
+		if err == nil {
+			v.setDest(o.vs, o.rs, o.weight)
+		}
 	case opUpdateRS:
 		err = b.ipvs.UpdateDestination(o.vs, o.rs, o.weight)
 		if errors.Is(err, errNotExist) && o.weight > 0 {
 			err = b.ipvs.AddDestination(o.vs, o.rs, o.weight)
 		} else if errors.Is(err, errNotExist) {
 			err = nil // nothing left to drain
+			v.deleteDest(o.vs, o.rs)
+			break
+		}
+		if err == nil {
+			v.setDest(o.vs, o.rs, o.weight)
 		}
 	case opDeleteRS:
 		err = b.ipvs.DeleteDestination(o.vs, o.rs)
 		if errors.Is(err, errNotExist) {
 			err = nil
+		}
+		if err == nil {
+			v.deleteDest(o.vs, o.rs)
 		}
 	case opBindAddr:
 		err = b.links.AddAddr(dummyDevice, o.addr)
@@ -260,4 +285,27 @@ func (b *Backend) recreateSet(ctx context.Context, id ipsetID) error {
 	}
 	b.view.sets[id] = &kernelSet{Type: t, Entries: map[setEntry]bool{}}
 	return nil
+}
+
+// setDest records in the view that vs has real server rs at weight, when the view holds
+// vs's real servers (those it read or created in this sync).
+func (v *kernelView) setDest(vs vsKey, rs netip.AddrPort, weight int) {
+	dests, read := v.dests[vs]
+	if !read {
+		return
+	}
+	for i := range dests {
+		if dests[i].Addr == rs {
+			dests[i].Weight = weight
+			return
+		}
+	}
+	v.dests[vs] = append(dests, realServer{Addr: rs, Weight: weight})
+}
+
+// deleteDest records in the view that vs no longer has real server rs.
+func (v *kernelView) deleteDest(vs vsKey, rs netip.AddrPort) {
+	if dests, read := v.dests[vs]; read {
+		v.dests[vs] = slices.DeleteFunc(dests, func(d realServer) bool { return d.Addr == rs })
+	}
 }

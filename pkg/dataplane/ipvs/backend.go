@@ -61,7 +61,10 @@ type Backend struct {
 	idx      *desiredIndex
 	draining map[vsKey]types.NamespacedName
 	// rules is the text of the ruleset last written.
-	rules         string
+	rules string
+	// idxTrusted is set after a sync that did not fail as a whole: idx's records are then
+	// what the kernel holds for each Service (the last good versions).
+	idxTrusted    bool
 	needFull      bool
 	lastFull      time.Time
 	leftoversDone bool
@@ -316,9 +319,12 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	var scope sets.Set[types.NamespacedName]
 	records := map[types.NamespacedName]*serviceRecord{}
 	var previousOwners map[vsKey]types.NamespacedName
+	// good remembers the Services' records before this sync, to put a rejected one back.
+	good := &lastGood{records: b.idx.records, known: b.idxTrusted}
 	if full {
 		if err := b.readKernel(ctx, desired); err != nil {
 			b.needFull = true
+			b.idxTrusted = false
 			return dataplane.Result{Err: err, Full: true}
 		}
 		// A full sync recomputes every record from scratch, remembering only who held
@@ -339,6 +345,8 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		if scope == nil {
 			scope = sets.New[types.NamespacedName]()
 		}
+		// makePlan replaces the records of the Services in scope in the index.
+		good.records = make(map[types.NamespacedName]*serviceRecord, scope.Len())
 		for name := range changes.Services {
 			if ports := desired.PortsOf(name); len(ports) > 0 {
 				records[name] = buildRecord(ports, b.env)
@@ -353,8 +361,12 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 				}
 			}
 		}
+		for name := range scope {
+			good.records[name] = b.idx.records[name]
+		}
 		if err := b.readDestinations(scope, records); err != nil {
 			b.needFull = true
+			b.idxTrusted = false
 			return dataplane.Result{Err: err}
 		}
 	}
@@ -376,8 +388,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	for key, owner := range p.draining {
 		b.draining[key] = owner
 	}
-	res := b.execute(ctx, p, full)
+	res := b.execute(ctx, p, full, good)
 	res.Full = full
+	b.idxTrusted = res.Err == nil
 	if res.Err != nil {
 		b.needFull = true
 	} else if full {
