@@ -45,6 +45,8 @@ type Backend struct {
 	recordPlan bool
 	lastPlan   *Plan
 	stats      ApplyStats
+	// fault is withFault's function (tests).
+	fault func(types.NamespacedName, []*model.ServicePort) faultKind
 }
 
 var _ dataplane.Backend = (*Backend)(nil)
@@ -58,7 +60,7 @@ type options struct {
 	localAddrs     func() ([]netip.Addr, error)
 	now            func() time.Time
 	skipValidation bool
-	fault          func(types.NamespacedName) faultKind
+	fault          func(types.NamespacedName, []*model.ServicePort) faultKind
 	recordPlan     bool
 }
 
@@ -86,9 +88,10 @@ func withoutValidation() Option { return func(o *options) { o.skipValidation = t
 // withPlanRecording keeps each Apply's plan (tests).
 func withPlanRecording() Option { return func(o *options) { o.recordPlan = true } }
 
-// withFault injects a bad message into the groups of the Services fault picks (tests of
-// failure isolation).
-func withFault(fault func(types.NamespacedName) faultKind) Option {
+// withFault injects a bad message into the groups of the Services fault picks, given the
+// version (ports) being programmed (tests of failure isolation: a rejected update in the
+// kernel-write path).
+func withFault(fault func(types.NamespacedName, []*model.ServicePort) faultKind) Option {
 	return func(o *options) { o.fault = fault }
 }
 
@@ -126,7 +129,8 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family.String())
 	b := &Backend{
 		cfg: cfg, f: f, c: c, logger: logger,
-		app:             &applier{c: c, f: f, limits: o.limits, fault: o.fault},
+		app:             &applier{c: c, f: f, limits: o.limits},
+		fault:           o.fault,
 		needFull:        true,
 		deleteChainsNow: kv.atLeast(6, 2),
 		localAddrs:      o.localAddrs,
@@ -202,6 +206,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	before := b.c.stats
 	b.stats = ApplyStats{Full: full}
 
+	if b.fault != nil {
+		b.app.fault = func(name types.NamespacedName) faultKind { return b.fault(name, desired.PortsOf(name)) }
+	}
 	in := &planInput{
 		cfg:             b.layout(desired),
 		desired:         desired,

@@ -28,7 +28,7 @@ func TestBadServiceDoesNotFailTheOthers(t *testing.T) {
 			bad := types.NamespacedName{Namespace: "t", Name: "dns"}
 			broken := true
 			b := newTestBackend(t, testConfig(model.IPv4), fixedAddrs(testNodeIP),
-				withFault(func(svc types.NamespacedName) faultKind {
+				withFault(func(svc types.NamespacedName, _ []*model.ServicePort) faultKind {
 					if svc == bad && broken {
 						return kind
 					}
