@@ -128,6 +128,9 @@ func (b *Backend) run(ctx context.Context, o op) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if b.opts.fault != nil && b.opts.fault(o) {
+		o = rejectedByKernel(o)
+	}
 	b.logger.V(4).Info("IPVS operation", "op", o.String())
 	v := b.view
 	family := b.cfg.Family
@@ -254,6 +257,19 @@ func (b *Backend) run(ctx context.Context, o op) error {
 		b.stats.Operations[opNames[o.kind]]++
 	}
 	return err
+}
+
+// rejectedByKernel turns o into an operation the kernel refuses, for tests of a rejected
+// update (withFault): a real server weight IPVS refuses (ERANGE), or a scheduler it does
+// not have.
+func rejectedByKernel(o op) op {
+	switch o.kind {
+	case opAddRS, opUpdateRS:
+		o.weight = -1
+	case opAddVS, opUpdateVS:
+		o.params.Scheduler = "sluice-test-rejected"
+	}
+	return o
 }
 
 func schedulerError(err error, scheduler string) error {

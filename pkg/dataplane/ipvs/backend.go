@@ -91,6 +91,9 @@ type options struct {
 	ipt       iptablesRunner
 	sysctl    hostnet.Sysctls
 	nftTables func(model.IPFamily) (bool, error)
+	// fault picks operations to write in a form the kernel rejects (rejectedByKernel):
+	// tests of a rejected update against the real kernel.
+	fault func(op) bool
 }
 
 // WithoutLeftoverCleanup keeps other modes' leftovers (the nftables mode's table, the
