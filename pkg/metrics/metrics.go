@@ -26,7 +26,16 @@ const (
 	LabelProtocol      = "protocol"
 	LabelReason        = "reason"
 	LabelMode          = "mode"
+	LabelKind          = "kind"
 )
+
+// DriftKinds are, per mode, the kind label values of sluice_drift_repairs_total: what each
+// backend's full resync can tell apart from what it last wrote.
+var DriftKinds = map[string][]string{
+	"iptables": {"chain", "rule"},
+	"nftables": {"chain", "rule", "set", "element"},
+	"ipvs":     {"virtual_server", "real_server", "address", "interface", "set", "element", "rule"},
+}
 
 // durationBuckets is upstream's ExponentialBuckets(0.001, 2, 15): 1 ms to about 16 s.
 var durationBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
@@ -174,6 +183,13 @@ var (
 		Help: "Service ports this node programs, by IP family",
 	}, []string{LabelIPFamily})
 
+	// DriftRepairsTotal counts what full resyncs found changed behind sluice's back and
+	// repaired, by kind of kernel object (DriftKinds).
+	DriftRepairsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_drift_repairs_total",
+		Help: "Kernel objects a full resync found different from what sluice last wrote, and repaired, by mode, IP family and kind",
+	}, []string{LabelMode, LabelIPFamily, LabelKind})
+
 	// InputProblemsTotal counts malformed fields found in Services and EndpointSlices.
 	InputProblemsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_input_problems_total",
@@ -234,7 +250,7 @@ func Register(mode string) {
 			EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
 			ProxyHealthzTotal, ProxyLivezTotal, SyncProxyRulesNoLocalEndpointsTotal,
 			ReconcileConntrackFlowsLatency, ReconcileConntrackFlowsDeletedEntriesTotal,
-			SyncFailuresTotal, ServicesFailed, ServicePortsDesired, InputProblemsTotal,
+			SyncFailuresTotal, ServicesFailed, ServicePortsDesired, InputProblemsTotal, DriftRepairsTotal,
 		)
 		switch mode {
 		case "iptables":

@@ -191,6 +191,9 @@ func New(cfg Config) (*Loop, error) {
 		for _, reason := range failureReasons {
 			metrics.SyncFailuresTotal.WithLabelValues(b.Family().String(), string(b.Mode()), reason)
 		}
+		for _, kind := range metrics.DriftKinds[string(b.Mode())] {
+			metrics.DriftRepairsTotal.WithLabelValues(string(b.Mode()), b.Family().String(), kind)
+		}
 	}
 	r, err := runner.NewWithClock(runner.Config{
 		Name:          "sync-proxy-rules",

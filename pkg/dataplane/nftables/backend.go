@@ -30,6 +30,9 @@ type Backend struct {
 	// needFull forces the next Apply to read the kernel and plan everything: after a
 	// failure whose effect on the kernel is not known.
 	needFull bool
+	// trusted is set while state is what the backend wrote (the last Apply did not fail
+	// as a whole): a full read that differs from it found drift.
+	trusted bool
 	lastFull time.Time
 	// leftoversPending is set until the first successful sync has removed the iptables
 	// and ipvs modes' leftovers.
@@ -242,6 +245,11 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 			b.needFull = true
 			return dataplane.Result{Err: fmt.Errorf("read the %s table: %w", b.f.name, err), Full: true}
 		}
+		// The read happens before anything of this sync is written: it sees only the
+		// previous syncs' work, and whatever else changed the table since.
+		if b.state != nil && b.trusted {
+			driftOf(b.state, st).Report(b.logger, dataplane.ModeNFTables, b.cfg.Family)
+		}
 		base = st
 		in.prevRecords = prevRecords
 	}
@@ -332,6 +340,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	default:
 		b.needFull = false
 	}
+	b.trusted = out.Err == nil
 	if full && out.Err == nil {
 		b.lastFull = start
 	}
