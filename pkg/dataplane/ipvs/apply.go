@@ -109,7 +109,11 @@ func (b *Backend) writeRules(ctx context.Context, p *plan, full bool) error {
 		if err != nil {
 			return fmt.Errorf("read iptables rules: %w", err)
 		}
-		fixes = planFixes(parseSave(saved))
+		parsed := parseSave(saved)
+		fixes = planFixes(parsed)
+		if b.drift != nil && b.rules != "" {
+			ruleDrift(b.drift, parsed, b.ruleCounts, fixes)
+		}
 	} else if text == b.rules {
 		return nil
 	}
@@ -118,7 +122,7 @@ func (b *Backend) writeRules(ctx context.Context, p *plan, full bool) error {
 		return fmt.Errorf("write iptables rules: %w", err)
 	}
 	b.stats.Restores++
-	b.rules = text
+	b.rules, b.ruleCounts = text, ruleCounts(rs)
 	return nil
 }
 

@@ -60,8 +60,13 @@ type Backend struct {
 	env      *planEnv
 	idx      *desiredIndex
 	draining map[vsKey]types.NamespacedName
-	// rules is the text of the ruleset last written.
-	rules string
+	// rules is the text of the ruleset last written, ruleCounts its rules per "table
+	// chain".
+	rules      string
+	ruleCounts map[string]int
+	// drift collects, during a full sync that trusts the index, what the kernel holds
+	// differently from what the backend wrote.
+	drift *dataplane.Drift
 	// idxTrusted is set after a sync that did not fail as a whole: idx's records are then
 	// what the kernel holds for each Service (the last good versions).
 	idxTrusted    bool
@@ -324,11 +329,16 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	var previousOwners map[vsKey]types.NamespacedName
 	// good remembers the Services' records before this sync, to put a rejected one back.
 	good := &lastGood{records: b.idx.records, known: b.idxTrusted}
+	b.drift = nil
 	if full {
+		hadLink := b.view != nil && b.view.linkExists
 		if err := b.readKernel(ctx, desired); err != nil {
 			b.needFull = true
 			b.idxTrusted = false
 			return dataplane.Result{Err: err, Full: true}
+		}
+		if b.idxTrusted {
+			b.drift = b.driftOf(b.view, hadLink)
 		}
 		// A full sync recomputes every record from scratch, remembering only who held
 		// which frontend.
@@ -393,6 +403,10 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	}
 	res := b.execute(ctx, p, full, good)
 	res.Full = full
+	if b.drift != nil {
+		b.drift.Report(b.logger, dataplane.ModeIPVS, b.cfg.Family)
+		b.drift = nil
+	}
 	b.idxTrusted = res.Err == nil
 	if res.Err != nil {
 		b.needFull = true

@@ -514,7 +514,14 @@ func TestKernelFullSyncRepairsDrift(t *testing.T) {
 	run(t, "ipset", "del", "KUBE-NODE-PORT-TCP", "30090")
 	expectBlocked(t, tp.client, netip.Addr{}, "10.96.7.10:80", true)
 
+	before := driftCounts()
 	kernelApply(t, b, state, model.Changes{Full: true})
+	after := driftCounts()
+	for _, kind := range []string{"virtual_server", "address", "element", "rule"} {
+		if after[kind] <= before[kind] {
+			t.Errorf("sluice_drift_repairs_total{kind=%q} did not grow (%v)", kind, after[kind])
+		}
+	}
 	for _, to := range []string{"10.96.7.10:80", "192.0.2.40:80", "203.0.113.1:30090"} {
 		mustFetch(t, tp.client, to)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -12,8 +13,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -311,6 +315,12 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	want := k.snapshot()
+	before := driftCounts()
+	clock.step(30 * time.Second)
+	mustApply(t, b, state, changed())
+	if got := driftCounts(); !maps.Equal(got, before) {
+		t.Fatalf("a full sync over what sluice wrote counted repairs: %v -> %v", before, got)
+	}
 
 	// Someone deletes things by hand.
 	delete(k.services, vsKey{model.TCP, addr("10.96.0.10"), 80})
@@ -332,6 +342,28 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	if diff := cmp.Diff(want, k.snapshot()); diff != "" {
 		t.Errorf("kernel after repair (-want +got):\n%s", diff)
 	}
+	after := driftCounts()
+	for kind, n := range map[string]float64{"virtual_server": 3, "real_server": 1, "address": 1, "element": 1, "set": 0, "interface": 0} {
+		if d := after[kind] - before[kind]; d != n {
+			t.Errorf("sluice_drift_repairs_total{kind=%q} grew by %v, want %v", kind, d, n)
+		}
+	}
+	if d := after["rule"] - before["rule"]; d < 2 {
+		t.Errorf("sluice_drift_repairs_total{kind=rule} grew by %v, want the flushed chain and the missing jumps", d)
+	}
+}
+
+// driftCounts reads sluice_drift_repairs_total of the ipvs mode, IPv4, by kind.
+func driftCounts() map[string]float64 {
+	out := map[string]float64{}
+	for _, kind := range metrics.DriftKinds[string(dataplane.ModeIPVS)] {
+		var m dto.Metric
+		if err := metrics.DriftRepairsTotal.WithLabelValues(string(dataplane.ModeIPVS), model.IPv4.String(), kind).Write(&m); err != nil {
+			panic(err)
+		}
+		out[kind] = m.GetCounter().GetValue()
+	}
+	return out
 }
 
 func TestRestartConvergesWithoutDisruption(t *testing.T) {
