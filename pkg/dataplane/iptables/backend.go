@@ -316,20 +316,32 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	static := renderStatic(rc)
 
 	reason := b.fullReason(changes, static, endpoints)
+	// What a full sync finds different from what the backend wrote is drift, when it
+	// knows what it wrote (not before its first sync, not after one failed as a whole).
+	var drift *dataplane.Drift
+	if b.known && !b.lastFull.IsZero() {
+		drift = &dataplane.Drift{}
+	}
 	var err error
 	if reason != "" {
 		b.logger.V(2).Info("Syncing iptables rules", "fullSync", true, "reason", reason)
-		err = b.syncFull(ctx, desired, rc, static, res.Failed)
+		err = b.syncFull(ctx, desired, rc, static, res.Failed, drift)
 	} else {
 		b.logger.V(2).Info("Syncing iptables rules", "fullSync", false, "services", changes.Services.Len())
-		var drift bool
-		drift, err = b.syncPartial(ctx, desired, changes, rc, res.Failed)
-		if drift && err == nil {
+		var changedBehind bool
+		changedBehind, err = b.syncPartial(ctx, desired, changes, rc, res.Failed)
+		if changedBehind && err == nil {
 			reason = "kernel rules differ from what sluice wrote"
 			b.logger.Info("Rules changed behind sluice's back, doing a full sync")
 			b.known = false
-			err = b.syncFull(ctx, desired, rc, static, res.Failed)
+			err = b.syncFull(ctx, desired, rc, static, res.Failed, drift)
+			if drift != nil && drift.Count("rule") == 0 {
+				drift.Add("rule", "written by sluice was gone (a partial sync could not delete it)")
+			}
 		}
+	}
+	if drift != nil && err == nil {
+		drift.Report(b.logger, dataplane.ModeIPTables, b.cfg.Family)
 	}
 	res.Full = reason != ""
 	res.Err = err
@@ -696,13 +708,22 @@ func (b *Backend) commitUnits(us []unit, nat, filter bool) {
 
 // syncFull rewrites everything: jumps from built-in chains are checked, every chain is
 // flushed and refilled, and chains nobody uses are deleted.
-func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error) error {
+func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error, drift *dataplane.Drift) error {
 	kv, err := b.readKernel(ctx)
 	if err != nil {
 		return err
 	}
 	b.lastKernel = kv
-	if err := b.ensureJumps(kv); err != nil {
+	if drift != nil {
+		b.driftOf(kv, static, drift)
+	}
+	inserted, err := b.ensureJumps(kv)
+	if drift != nil {
+		for _, j := range inserted {
+			drift.Add("rule", "jump "+j+" missing")
+		}
+	}
+	if err != nil {
 		return err
 	}
 
@@ -874,8 +895,8 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 	for _, name := range held {
 		units = append(units, unit{name: name, old: b.applied[name], new: rendered[name]})
 	}
-	drift, err := b.applyUnits(ctx, units, failed)
-	if drift {
+	changedBehind, err := b.applyUnits(ctx, units, failed)
+	if changedBehind {
 		return fmt.Errorf("iptables rules changed during a full sync")
 	}
 	return err

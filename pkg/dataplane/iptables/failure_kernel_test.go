@@ -5,6 +5,7 @@ package iptables
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,6 +88,58 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 			loopharness.Eventually(t, "web recovered", 15*time.Second, answers(top.client, "tcp", "172.30.0.10:80", "pod-b 10.0.2.1"))
 			h.WaitFor(t, "web no longer failing", 5*time.Second, func(st syncloop.FamilyStatus) bool { return len(st.Failed) == 0 })
 			expect(t, "other unaffected", top.client, "tcp", "172.30.0.11:80", "pod-b 10.0.2.1")
+		})
+	}
+}
+
+// TestKernelDriftRepairsAreCounted: full syncs over the rules as sluice wrote them count
+// no repair against the real iptables; a rule deleted inside a Service's chain (counted by
+// the legacy flavour, which reads iptables-save) and a jump deleted from PREROUTING (both
+// flavours) are counted when the next full sync repairs them, and a flush is counted too.
+func TestKernelDriftRepairsAreCounted(t *testing.T) {
+	for _, f := range flavours {
+		t.Run(string(f), func(t *testing.T) {
+			top := newTopology(t)
+			w := kWorld("192.168.100.0/24")
+			b := newKernelBackend(t, f)
+			kApply(t, b, w.kstate(), full())
+			before := driftCounts()
+			kApply(t, b, w.kstate(), full())
+			kApply(t, b, w.kstate(), full())
+			if d := driftDelta(before); len(d) != 0 {
+				t.Fatalf("full syncs over sluice's own rules counted repairs: %v", d)
+			}
+
+			ipt := "iptables-" + string(f)
+			var sep string
+			for _, l := range strings.Split(run(t, ipt+"-save", "-t", "nat"), "\n") {
+				if strings.HasPrefix(l, "-A KUBE-SEP-") && strings.Contains(l, "DNAT") {
+					sep = strings.Fields(l)[1]
+					break
+				}
+			}
+			run(t, ipt, "-t", "nat", "-D", sep, "1")
+			run(t, ipt, "-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+			kApply(t, b, w.kstate(), full())
+			got := driftDelta(before)
+			want := 1.0 // the jump
+			if f == FlavourLegacy {
+				want = 2 // and the rule in sep
+			}
+			if got["rule"] != want {
+				t.Errorf("rule repairs counted %v, want %v", got, want)
+			}
+			expect(t, "repaired", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
+
+			before = driftCounts()
+			for _, table := range []string{"filter", "nat", "mangle"} {
+				run(t, ipt, "-t", table, "-F")
+				run(t, ipt, "-t", table, "-X")
+			}
+			kApply(t, b, w.kstate(), changed())
+			if got := driftDelta(before); got["chain"] < 10 || got["rule"] < 1 {
+				t.Errorf("a flush counted %v, want every chain and the jumps", got)
+			}
 		})
 	}
 }

@@ -52,6 +52,9 @@ type kernelView struct {
 	// builtin holds the rules of the built-in chains, as iptables-save prints them
 	// ("-A INPUT ..."), keyed by table.
 	builtin map[string][]string
+	// rules counts the rules of every chain, by table and chain; nil when the chains were
+	// listed without their rules (the nft flavour lists names only).
+	rules map[string]map[string]int
 }
 
 // readKernel lists chains and built-in rules of nat and filter. The legacy flavour reads
@@ -85,6 +88,15 @@ func (b *Backend) readKernel(ctx context.Context) (*kernelView, error) {
 		}
 		chains, rules := parseSave(out)
 		kv.chains[table] = chains
+		if kv.rules == nil {
+			kv.rules = map[string]map[string]int{}
+		}
+		kv.rules[table] = map[string]int{}
+		for _, r := range rules {
+			if f := strings.Fields(r); len(f) > 1 {
+				kv.rules[table][f[1]]++
+			}
+		}
 		for _, r := range rules {
 			for _, bc := range builtinChains[table] {
 				if strings.HasPrefix(r, "-A "+bc+" ") {
@@ -190,7 +202,7 @@ func (j jumpRule) saveForm() string {
 // ensureJumps creates the chains jump rules point at and inserts missing jump rules at the
 // top of their built-in chains, as upstream does on every full sync. A rule present
 // anywhere in the chain is left where it is.
-func (b *Backend) ensureJumps(kv *kernelView) error {
+func (b *Backend) ensureJumps(kv *kernelView) (inserted []string, err error) {
 	var errs []error
 	for _, j := range append(append([]jumpRule(nil), jumpRules...), kubeletJumpRules...) {
 		if !kv.chains[j.table][j.to] {
@@ -229,8 +241,9 @@ func (b *Backend) ensureJumps(kv *kernelView) error {
 			continue
 		}
 		b.logger.V(2).Info("Inserted jump rule", "table", j.table, "chain", j.from, "target", j.to)
+		inserted = append(inserted, j.table+" "+j.from+" -> "+j.to)
 	}
-	return errors.Join(errs...)
+	return inserted, errors.Join(errs...)
 }
 
 // isExistsError reports whether an iptables error says the chain already exists.

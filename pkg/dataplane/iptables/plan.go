@@ -155,6 +155,8 @@ type appliedService struct {
 type appliedChain struct {
 	name string
 	sum  uint64
+	// rules is how many rules it holds (compared with iptables-save by full syncs).
+	rules int
 }
 
 func chainSum(c *chainRules) uint64 {
@@ -171,7 +173,7 @@ func appliedFrom(s *serviceRules) *appliedService {
 		noLocalInternal: s.noLocalInternal, noLocalExternal: s.noLocalExternal,
 		natChains: make([]appliedChain, 0, len(s.natChains))}
 	for i := range s.natChains {
-		a.natChains = append(a.natChains, appliedChain{s.natChains[i].name, chainSum(&s.natChains[i])})
+		a.natChains = append(a.natChains, appliedChain{s.natChains[i].name, chainSum(&s.natChains[i]), len(s.natChains[i].rules)})
 	}
 	return a
 }
