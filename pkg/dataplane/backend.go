@@ -27,6 +27,26 @@ const (
 //
 // Apply is only ever called from the sync loop's single goroutine, so implementations need
 // no locking of their own for state touched only by Apply.
+//
+// The failure rule, the same for every backend: a Service whose update the kernel rejects
+// keeps its last good programming, the rules the last successful apply wrote for it (none
+// if it is new). The backend never leaves it half applied (it writes a Service's change as
+// a unit the kernel takes or refuses whole, or undoes the part taken) and never removes it
+// for the failure; it reports it in Result.Failed and programs every other Service. The
+// sync loop (pkg/syncloop) reports it (log line per attempt, sluice_services_failed,
+// sluice_sync_failures_total{reason="service"}, a rate-limited Warning Event) and retries
+// it on its own: syncPeriod after the failure, then after twice as long each time (up to 5
+// minutes), at once when its own Service or EndpointSlices change, whatever else happens
+// or not. Until then the desired state handed to Apply carries the Service's last good
+// version (model.Tracker.Hold), so that a full sync keeps it too.
+//
+// What "last good" is after a restart, when the process has not programmed the Service
+// yet: nftables and ipvs keep what the kernel held for it (nftables reads its table back;
+// ipvs keeps the virtual servers it finds for the Service's addresses); iptables cannot
+// tell which of the rules it finds were the Service's last good ones and leaves it out.
+//
+// Drift: a full resync that finds the kernel different from what the backend last wrote
+// repairs it and reports the repair (Drift, sluice_drift_repairs_total).
 type Backend interface {
 	Mode() Mode
 	Family() model.IPFamily
@@ -40,9 +60,9 @@ type Result struct {
 	// Err is a failure of the sync as a whole: an unknown part of desired was programmed.
 	// The sync loop retries and asks for a full sync next time.
 	Err error
-	// Failed lists Services that could not be programmed, and why. Everything else in
-	// desired was programmed; the sync loop reports these (Event, metric, log) and marks
-	// them changed again so that the next sync retries them.
+	// Failed lists Services that could not be programmed, and why: each keeps its last
+	// good programming (see Backend). Everything else in desired was programmed; the sync
+	// loop reports these (Event, metric, log) and retries them on their backoff.
 	Failed map[types.NamespacedName]error
 	// Full reports whether this Apply rewrote everything (for the full/partial metrics).
 	Full bool

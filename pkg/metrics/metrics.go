@@ -250,8 +250,11 @@ func Register(mode string) {
 			EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
 			ProxyHealthzTotal, ProxyLivezTotal, SyncProxyRulesNoLocalEndpointsTotal,
 			ReconcileConntrackFlowsLatency, ReconcileConntrackFlowsDeletedEntriesTotal,
-			SyncFailuresTotal, ServicesFailed, ServicePortsDesired, InputProblemsTotal, DriftRepairsTotal,
+			SyncFailuresTotal, ServicesFailed, ServicePortsDesired, InputProblemsTotal,
 		)
+		if _, ok := DriftKinds[mode]; ok {
+			Registry.MustRegister(DriftRepairsTotal)
+		}
 		switch mode {
 		case "iptables":
 			Registry.MustRegister(SyncFullProxyRulesLatency, SyncPartialProxyRulesLatency,

@@ -73,6 +73,7 @@ var collectors = map[string]prometheus.Collector{
 	"ServicesFailed":                             metrics.ServicesFailed,
 	"ServicePortsDesired":                        metrics.ServicePortsDesired,
 	"InputProblemsTotal":                         metrics.InputProblemsTotal,
+	"DriftRepairsTotal":                          metrics.DriftRepairsTotal,
 }
 
 // descs are pkg/metrics' bare descriptions: series a collector produces at scrape time,
