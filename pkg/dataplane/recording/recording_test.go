@@ -36,10 +36,9 @@ func port(name types.NamespacedName, ip byte, p int32) *model.ServicePort {
 // state builds a state with one port per Service, at the given port numbers.
 func state(ports map[types.NamespacedName]int32) *model.NodeState {
 	st := model.NewNodeState(model.IPv4, model.NodeInfo{Name: "node-a"})
-	ip := byte(1)
 	for name, p := range ports {
-		st.SetService(name, []*model.ServicePort{port(name, ip, p)}, nil)
-		ip++
+		// The ClusterIP comes from the name, so that a Service is the same in every state.
+		st.SetService(name, []*model.ServicePort{port(name, name.Name[0], p)}, nil)
 	}
 	return st
 }
