@@ -32,7 +32,7 @@ type Backend struct {
 	needFull bool
 	// trusted is set while state is what the backend wrote (the last Apply did not fail
 	// as a whole): a full read that differs from it found drift.
-	trusted bool
+	trusted  bool
 	lastFull time.Time
 	// leftoversPending is set until the first successful sync has removed the iptables
 	// and ipvs modes' leftovers.
