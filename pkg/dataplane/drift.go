@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/metrics"
@@ -64,4 +65,17 @@ func (d *Drift) Report(logger klog.Logger, mode Mode, family model.IPFamily) {
 	}
 	logger.Info("Repaired kernel state changed behind sluice's back (if this keeps happening, another program writes sluice's rules)",
 		"mode", mode, "repairs", counts, "examples", d.examples)
+}
+
+// DriftRepairs reads sluice_drift_repairs_total of one mode and family, by kind (tests,
+// diagnostics).
+func DriftRepairs(mode Mode, family model.IPFamily) map[string]float64 {
+	out := map[string]float64{}
+	for _, kind := range metrics.DriftKinds[string(mode)] {
+		var m dto.Metric
+		if err := metrics.DriftRepairsTotal.WithLabelValues(string(mode), family.String(), kind).Write(&m); err == nil {
+			out[kind] = m.GetCounter().GetValue()
+		}
+	}
+	return out
 }

@@ -6,24 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
-	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // driftCounts reads sluice_drift_repairs_total of the iptables mode, IPv4, by kind.
 func driftCounts() map[string]float64 {
-	out := map[string]float64{}
-	for _, kind := range metrics.DriftKinds[string(dataplane.ModeIPTables)] {
-		var m dto.Metric
-		if err := metrics.DriftRepairsTotal.WithLabelValues(string(dataplane.ModeIPTables), model.IPv4.String(), kind).Write(&m); err != nil {
-			panic(err)
-		}
-		out[kind] = m.GetCounter().GetValue()
-	}
-	return out
+	return dataplane.DriftRepairs(dataplane.ModeIPTables, model.IPv4)
 }
 
 func driftDelta(before map[string]float64) map[string]float64 {

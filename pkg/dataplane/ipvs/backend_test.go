@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
-	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -354,17 +352,7 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 }
 
 // driftCounts reads sluice_drift_repairs_total of the ipvs mode, IPv4, by kind.
-func driftCounts() map[string]float64 {
-	out := map[string]float64{}
-	for _, kind := range metrics.DriftKinds[string(dataplane.ModeIPVS)] {
-		var m dto.Metric
-		if err := metrics.DriftRepairsTotal.WithLabelValues(string(dataplane.ModeIPVS), model.IPv4.String(), kind).Write(&m); err != nil {
-			panic(err)
-		}
-		out[kind] = m.GetCounter().GetValue()
-	}
-	return out
-}
+func driftCounts() map[string]float64 { return dataplane.DriftRepairs(dataplane.ModeIPVS, model.IPv4) }
 
 func TestRestartConvergesWithoutDisruption(t *testing.T) {
 	k := newFakeNode()

@@ -14,7 +14,7 @@ import (
 )
 
 func driftCount(kind string) float64 {
-	return counterValue(metrics.DriftRepairsTotal.WithLabelValues(string(dataplane.ModeNFTables), model.IPv4.String(), kind))
+	return dataplane.DriftRepairs(dataplane.ModeNFTables, model.IPv4)[kind]
 }
 
 // TestDriftRepairsAreCounted: full resyncs that find the table as the backend wrote it
