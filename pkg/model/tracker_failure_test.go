@@ -200,3 +200,20 @@ func TestTrackerPanicInDrainPutsTheWorkBack(t *testing.T) {
 		t.Errorf("info after the panic = %+v", info)
 	}
 }
+
+// TestTrackerUnappliedAndHeldServices: a held Service whose state shows its last good
+// version is applied; one whose last good version is unknown shows a version not applied.
+func TestTrackerUnappliedAndHeldServices(t *testing.T) {
+	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
+	upsertService(tr, src, makeService("first"))
+	tr.Drain()
+	tr.Applied(IPv4, sets.New(nn("first")))
+	tr.Hold(IPv4, nn("first"))
+	upsertService(tr, src, makeService("later", withClusterIPs("172.30.0.5")))
+	tr.Drain()
+	tr.Applied(IPv4, sets.New(nn("later")))
+	tr.Hold(IPv4, nn("later"))
+	if got := tr.Unapplied(IPv4); len(got) != 1 || got[0] != nn("first") {
+		t.Errorf("Unapplied = %v, want only ns/first (later's state is its last good version: absent)", got)
+	}
+}
