@@ -79,7 +79,7 @@ func TestRenderShowsEveryFeature(t *testing.T) {
 			"timeout 10800s",
 			"add rule ip kube-proxy firewall-2ULBZPCO-demo/lb/tcp/https ip saddr != { 203.0.113.0/24 } drop",
 			"goto local-FUBUFQIT-demo/lb-local/tcp/http",
-			`add element ip kube-proxy no-endpoint-services { 10.96.0.53 . udp . 53 comment "demo/dns:dns" : goto reject-chain }`,
+			`add element ip kube-proxy reject-services { 10.96.0.53 . udp . 53 comment "demo/dns:dns" }`,
 		}},
 		{mode: "ipvs", want: []string{
 			"ip link add kube-ipvs0 type dummy",

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/netnstest"
@@ -237,6 +238,11 @@ func childRSS(b *testing.B, n int) (hwm, before float64) {
 		if _, err := fmt.Sscanf(sc.Text(), "before %f", &v); err == nil {
 			before = v
 		}
+		for _, k := range []string{"heap-nodestate", "heap-after-cold", "heap-after-resync", "heap-peak"} {
+			if _, err := fmt.Sscanf(sc.Text(), k+" %f", &v); err == nil {
+				b.ReportMetric(v/1024, k+"-MiB")
+			}
+		}
 	}
 	if hwm == 0 {
 		b.Fatalf("no VmHWM in the helper's output: %s", out)
@@ -252,6 +258,7 @@ func TestHelperColdSyncRSS(t *testing.T) {
 	}
 	ns := scaleState(model.IPv4, n, 10)
 	fmt.Printf("before %d\n", statusKiB("VmRSS"))
+	fmt.Printf("heap-nodestate %d\n", liveHeapKiB())
 	be, err := New(context.Background(), testConfig(model.IPv4), WithoutLeftoverCleanup(), fixedAddrs(testNodeIP))
 	if err != nil {
 		t.Fatal(err)
@@ -266,12 +273,43 @@ func TestHelperColdSyncRSS(t *testing.T) {
 		f.Close()
 	}
 	fmt.Printf("after-cold %d\n", statusKiB("VmHWM"))
-	// A full resync right after: reads the whole table back.
+	fmt.Printf("heap-after-cold %d\n", liveHeapKiB())
+	// A full resync right after: reads the whole table back. The heap in use is sampled
+	// while it runs (garbage included: what the process's RSS follows).
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			peakHeapKiB = max(peakHeapKiB, int(ms.HeapInuse/1024))
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
 	if res := be.Apply(context.Background(), ns, model.Changes{Full: true}); res.Err != nil {
 		t.Fatal(res.Err)
 	}
+	close(stop)
+	<-sampled
 	fmt.Printf("VmHWM %d\n", statusKiB("VmHWM"))
+	fmt.Printf("heap-after-resync %d\n", liveHeapKiB())
+	fmt.Printf("heap-peak %d\n", peakHeapKiB)
 }
+
+// liveHeapKiB collects garbage and returns the heap in use: what the process holds.
+func liveHeapKiB() int {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int(ms.HeapInuse / 1024)
+}
+
+var peakHeapKiB int
 
 func statusKiB(field string) int {
 	b, err := os.ReadFile("/proc/self/status")
@@ -285,4 +323,73 @@ func statusKiB(field string) int {
 		}
 	}
 	return 0
+}
+
+// BenchmarkEndpointChanges: every kind of single-endpoint change, each a partial sync of
+// one Service on a table of N Services x 10 endpoints (N from SLUICE_BENCH_SIZES, default
+// 100, 1 000, 10 000 and 50 000). Each iteration toggles the target Service between two
+// states. Besides the sync's wall time (ns/op) and CPU (kernel included: nf_tables
+// commits inside our sendmsg), it reports the ratio to the same case at the first size
+// of the run (vs-first), which the goal bounds (≤ 1.5).
+func BenchmarkEndpointChanges(b *testing.B) {
+	eps := func(n, base int) []string {
+		var out []string
+		for i := 0; i < n; i++ {
+			out = append(out, fmt.Sprintf("10.%d.%d.%d:8080", 200+base/65536, (base/256)%256, base%256+i))
+		}
+		return out
+	}
+	type state struct{ a, b []string }
+	cases := []struct {
+		name string
+		st   state
+	}{
+		{"move-in-10", state{eps(10, 0), append(eps(9, 0), "10.251.0.1:8080")}},
+		{"add-remove-10-11", state{eps(10, 256), eps(11, 256)}},
+		{"move-only-endpoint", state{eps(1, 512), eps(1, 768)}},
+		{"first-last-endpoint-0-1", state{nil, eps(1, 1024)}},
+		{"one-two-endpoints-1-2", state{eps(1, 1280), eps(2, 1280)}},
+	}
+	first := map[string]float64{}
+	for _, n := range commitCostSizes(100, 1000, 10000, 50000) {
+		resetTable(b)
+		be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
+		be.recordPlan = false
+		ns := scaleState(model.IPv4, n, 10)
+		targets := make([]types.NamespacedName, len(cases))
+		for i, c := range cases {
+			targets[i] = types.NamespacedName{Namespace: "target", Name: c.name}
+			sp := svc("target", c.name, "http", model.TCP, fmt.Sprintf("172.31.0.%d", i+1), 80).endpoints(c.st.a...).build()
+			ns.SetService(targets[i], []*model.ServicePort{sp}, nil)
+		}
+		mustApply(b, be, ns, model.Changes{Full: true})
+		for i, c := range cases {
+			b.Run(fmt.Sprintf("services=%d/%s", n, c.name), func(b *testing.B) {
+				ch := model.Changes{Services: sets.New(targets[i])}
+				k := 0
+				var st ApplyStats
+				c0 := cpuTime()
+				start := time.Now()
+				for b.Loop() {
+					k++
+					list := c.st.a
+					if k%2 == 1 {
+						list = c.st.b
+					}
+					sp := svc("target", c.name, "http", model.TCP, fmt.Sprintf("172.31.0.%d", i+1), 80).endpoints(list...).build()
+					ns.SetService(targets[i], []*model.ServicePort{sp}, nil)
+					mustApply(b, be, ns, ch)
+					st = be.LastStats()
+				}
+				perOp := float64(time.Since(start).Nanoseconds()) / float64(b.N)
+				reportStats(b, st)
+				b.ReportMetric(float64((cpuTime()-c0).Microseconds())/float64(b.N), "cpu-µs/op")
+				if f, ok := first[c.name]; ok {
+					b.ReportMetric(perOp/f, "vs-first")
+				} else {
+					first[c.name] = perOp
+				}
+			})
+		}
+	}
 }

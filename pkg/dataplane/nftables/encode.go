@@ -273,6 +273,7 @@ func (e *encoder) encodeElements(o *op, group int) {
 	if o.kind == opDeleteElements {
 		t, flags = unix.NFT_MSG_DELSETELEM, 0
 	}
+	intervals := isEndpointMap(o.name)
 	for start := 0; start < len(o.elems); {
 		e.begin(t, flags, group)
 		b.str(unix.NFTA_SET_ELEM_LIST_TABLE, kubeProxyTable)
@@ -281,6 +282,10 @@ func (e *encoder) encodeElements(o *op, group int) {
 		i := start
 		for ; i < len(o.elems) && b.nestLen() < maxNestLen; i++ {
 			el := &o.elems[i]
+			if intervals {
+				e.encodeIntervalElement(o.kind, el)
+				continue
+			}
 			b.nest(unix.NFTA_LIST_ELEM)
 			b.nest(unix.NFTA_SET_ELEM_KEY)
 			b.attr(unix.NFTA_DATA_VALUE, []byte(el.key))
@@ -304,5 +309,40 @@ func (e *encoder) encodeElements(o *op, group int) {
 		b.endNest()
 		e.end()
 		start = i
+	}
+}
+
+// encodeIntervalElement appends an element of an endpoint map (an interval map): a range
+// (8-byte key, see rangeKey) is its start element, with the endpoint when added, and its
+// interval end, in that order, as nft sends them; a 4-byte key is a lone start, a 5-byte
+// one (endKey) a lone end.
+func (e *encoder) encodeIntervalElement(kind opKind, el *elemDef) {
+	b := &e.b
+	start, end := el.key, ""
+	switch len(el.key) {
+	case 8:
+		start, end = el.key[:4], el.key[4:]
+	case 5:
+		start, end = "", el.key[:4]
+	}
+	if start != "" {
+		b.nest(unix.NFTA_LIST_ELEM)
+		b.nest(unix.NFTA_SET_ELEM_KEY)
+		b.attr(unix.NFTA_DATA_VALUE, []byte(start))
+		b.endNest()
+		if kind == opAddElements && strings.HasPrefix(el.value, "=") {
+			b.nest(unix.NFTA_SET_ELEM_DATA)
+			b.attr(unix.NFTA_DATA_VALUE, []byte(el.value[1:]))
+			b.endNest()
+		}
+		b.endNest()
+	}
+	if end != "" {
+		b.nest(unix.NFTA_LIST_ELEM)
+		b.nest(unix.NFTA_SET_ELEM_KEY)
+		b.attr(unix.NFTA_DATA_VALUE, []byte(end))
+		b.endNest()
+		b.u32(unix.NFTA_SET_ELEM_FLAGS, unix.NFT_SET_ELEM_INTERVAL_END)
+		b.endNest()
 	}
 }

@@ -125,9 +125,11 @@ func staticSets(c *layoutConfig) []setDef {
 		vmap(noEndpointServicesMap, addrProtoPort, addrProtoPortLen, "vmap to drop or reject packets to services with no endpoints"),
 		vmap(serviceIPsMap, addrProtoPort, addrProtoPortLen, "ClusterIP, ExternalIP and LoadBalancer IP traffic"),
 		vmap(serviceNodePortsMap, protoPort, 8, "NodePort traffic"),
+		{name: rejectServicesSet, keyType: addrProtoPort, keyLen: addrProtoPortLen, comment: "services with no endpoints: reject"},
+		{name: rejectNodePortsSet, keyType: protoPort, keyLen: 8, comment: "service nodeports with no endpoints: reject"},
 	}
 	for i := 0; i < endpointMaps; i++ {
-		sets = append(sets, setDef{name: endpointMapName(i), flags: unix.NFT_SET_MAP, keyType: typeInteger, keyLen: 4,
+		sets = append(sets, setDef{name: endpointMapName(i), flags: unix.NFT_SET_MAP | unix.NFT_SET_INTERVAL, keyType: typeInteger, keyLen: 4,
 			dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4,
 			udata: endpointMapUdata(f)})
 	}
@@ -190,11 +192,13 @@ func staticChains(c *layoutConfig) []chainDef {
 		})
 	}
 
-	var nodePortCheck rule
-	if c.nodePortMatchAll {
-		nodePortCheck = rule{terms: []term{notLoopback, vmapProtoPort{noEndpointNodePortsMap}}}
-	} else {
-		nodePortCheck = rule{terms: []term{addrInSet{dir: daddr, set: nodePortIPsSet}, vmapProtoPort{noEndpointNodePortsMap}}}
+	var nodePortAddrMatch term = notLoopback
+	if !c.nodePortMatchAll {
+		nodePortAddrMatch = addrInSet{dir: daddr, set: nodePortIPsSet}
+	}
+	nodePortChecks := []rule{
+		{terms: []term{nodePortAddrMatch, vmapProtoPort{noEndpointNodePortsMap}}},
+		{terms: []term{nodePortAddrMatch, protoPortInSet{rejectNodePortsSet}, gotoChain(rejectChain)}},
 	}
 
 	out = append(out,
@@ -205,8 +209,11 @@ func staticChains(c *layoutConfig) []chainDef {
 		}},
 		chainDef{name: clusterIPsCheckChain, rules: clusterIPsCheck},
 		chainDef{name: firewallCheckChain, rules: []rule{{terms: []term{vmapAddrProtoPort{firewallIPsMap}}}}},
-		chainDef{name: serviceEndpointsCheckChain, rules: []rule{{terms: []term{vmapAddrProtoPort{noEndpointServicesMap}}}}},
-		chainDef{name: nodePortEndpointsCheckChain, rules: []rule{nodePortCheck}},
+		chainDef{name: serviceEndpointsCheckChain, rules: []rule{
+			{terms: []term{vmapAddrProtoPort{noEndpointServicesMap}}},
+			{terms: []term{addrProtoPortInSet{rejectServicesSet}, gotoChain(rejectChain)}},
+		}},
+		chainDef{name: nodePortEndpointsCheckChain, rules: nodePortChecks},
 		chainDef{name: rejectChain, comment: "helper for @no-endpoint-services / @no-endpoint-nodeports",
 			rules: []rule{{terms: []term{rejectTerm{}}}}},
 	)
@@ -247,12 +254,12 @@ func nodePortAddrs(f *family, cidrs []netip.Prefix, local []netip.Addr) []netip.
 }
 
 // endpointMapUdata is the userdata nft 1.0 writes for a map declared "typeof numgen
-// random mod 2 : ip daddr . th dport" (ip6 daddr for IPv6; th, not tcp, because TCP,
+// random mod 1048576 : ip daddr . th dport" (ip6 daddr for IPv6; th, not tcp, because TCP,
 // UDP and SCTP Services share the maps). Without it nft cannot print
 // an integer-keyed map, nor load a rule that uses one, so `nft list ruleset` output
 // would not load back. The kernel ignores it. TLVs (type, length, value), values
 // host-order: key byte order (host), data byte order, the key's typeof (expression
-// numgen: mode random, modulus 2, offset 0), the data's typeof (a concatenation of
+// numgen: mode random, modulus endpointBlockSize, offset 0), the data's typeof (a concatenation of
 // payload ip/ip6 daddr and payload th dport), data interval (no).
 func endpointMapUdata(f *family) []byte {
 	ipDesc, daddrField := byte(12), byte(12) // nft's proto_ip and its daddr template
@@ -264,7 +271,7 @@ func endpointMapUdata(f *family) []byte {
 		1, 4, 0, 0, 0, 0, // NFTNL_UDATA_SET_DATABYTEORDER
 		3, 26, // NFTNL_UDATA_SET_KEY_TYPEOF
 		0, 4, 23, 0, 0, 0, // expression: numgen
-		1, 18, 0, 4, 1, 0, 0, 0, 1, 4, 2, 0, 0, 0, 2, 4, 0, 0, 0, 0, // random, mod 2, offset 0
+		1, 18, 0, 4, 1, 0, 0, 0, 1, 4, 0, 0, 0x10, 0, 2, 4, 0, 0, 0, 0, // random, mod 2^20 (host order), offset 0
 		4, 52, // NFTNL_UDATA_SET_DATA_TYPEOF
 		0, 4, 13, 0, 0, 0, // expression: concatenation
 		1, 44,

@@ -49,6 +49,11 @@ const (
 	noEndpointServicesMap       = "no-endpoint-services"
 	noEndpointNodePortsMap      = "no-endpoint-nodeports"
 	rejectChain                 = "reject-chain"
+	// Services and NodePorts without any endpoint, whose traffic is rejected (sluice's:
+	// upstream has "goto reject-chain" elements in the no-endpoint maps; see
+	// buildServicePort for why sets).
+	rejectServicesSet  = "reject-services"
+	rejectNodePortsSet = "reject-nodeports"
 
 	// Unused ports of ClusterIPs are rejected, unallocated ServiceCIDR addresses dropped.
 	clusterIPsCheckChain = "cluster-ips-check"

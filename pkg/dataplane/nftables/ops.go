@@ -170,7 +170,8 @@ func (o *op) render(f *family, b *strings.Builder) {
 			if s.dataLen > 8 {
 				addr = "ip6 daddr"
 			}
-			b.WriteString("add map " + prefix + " " + s.name + " { typeof numgen random mod 2 : " + addr + " . th dport ;")
+			b.WriteString("add map " + prefix + " " + s.name + " { typeof numgen random mod " + strconv.Itoa(endpointBlockSize) +
+				" : " + addr + " . th dport ;")
 		} else {
 			b.WriteString("add " + kind + " " + prefix + " " + s.name + " { type " + typeName(s.keyType))
 			if s.flags&unix.NFT_SET_MAP != 0 {
@@ -179,6 +180,9 @@ func (o *op) render(f *family, b *strings.Builder) {
 			b.WriteString(" ;")
 		}
 		var flags []string
+		if s.flags&unix.NFT_SET_INTERVAL != 0 {
+			flags = append(flags, "interval")
+		}
 		if s.flags&unix.NFT_SET_EVAL != 0 {
 			flags = append(flags, "dynamic")
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -121,18 +122,18 @@ type planner struct {
 
 	scratch svcScratch
 
-	// Slot blocks: the view over base.slots.
+	// Endpoint map blocks: the view over base.slots.
 	blocks map[string]*slotBlock // nil value: freed
 	// free is a copy of base.slots.free (the applier may commit groups to the base
 	// while the plan goes on); blocks taken from it are gone from the copy.
-	free map[uint32][]uint32
-	next uint32
-	// pendingFx holds the effects of slot allocations made by preclaim, until the
+	free [endpointMaps][]uint32
+	next [endpointMaps]uint64
+	// pendingFx holds the effects of block allocations made by preclaim, until the
 	// Service's group exists.
 	pendingFx map[types.NamespacedName]*groupEffects
-	// wantedSlots[slot] is 1 + the index of the endpoint map whose slot is wanted
-	// (full plans).
-	wantedSlots []uint8
+	// wantedBlocks holds, for a full plan, each block in use and its number of
+	// endpoints: the endpoint map elements outside them are leftovers.
+	wantedBlocks map[slotBlock]int
 }
 
 // svcScratch is reused from one Service to the next: a full plan of 10 000 Services
@@ -176,11 +177,11 @@ func newPlanner(in *planInput, base *tableState, sink func(*group)) *planner {
 		p.stale[k] = v
 	}
 	p.blocks = map[string]*slotBlock{}
-	p.free = make(map[uint32][]uint32, len(base.slots.free))
-	for size, bases := range base.slots.free {
-		p.free[size] = slices.Clone(bases)
+	for i, bases := range base.slots.free {
+		p.free[i] = slices.Clone(bases)
 	}
 	p.next = base.slots.next
+	p.wantedBlocks = map[slotBlock]int{}
 	p.pendingFx = map[types.NamespacedName]*groupEffects{}
 	return p
 }
@@ -572,7 +573,7 @@ func cachedTerm(f *family, t constantTerm) *cachedExprs {
 	return v.(*cachedExprs)
 }
 
-// Slot blocks.
+// Endpoint map blocks.
 
 func (p *planner) block(chain string) *slotBlock {
 	if b, ok := p.blocks[chain]; ok {
@@ -584,27 +585,30 @@ func (p *planner) block(chain string) *slotBlock {
 	return nil
 }
 
-// blockFor returns the first slot of chain's block for n endpoints: its block if big
-// enough, else a new one (the old one is freed).
-func (p *planner) blockFor(chain string, n int) uint32 {
-	if cur := p.block(chain); cur != nil && cur.size >= uint32(n) {
-		return cur.base
+// blockFor returns the first value of chain's block in endpoint map m: its block if it
+// has one there, else a new one (an old one elsewhere is freed). false when the map has
+// no room left (4 096 chains hash to it).
+func (p *planner) blockFor(chain string, m uint8) (uint32, bool) {
+	if cur := p.block(chain); cur != nil && cur.set == m {
+		return cur.base, true
 	}
 	p.freeBlock(chain)
-	size := blockSize(n)
 	var b slotBlock
-	if free := p.free[size]; len(free) > 0 {
-		b = slotBlock{base: free[len(free)-1], size: size}
-		p.free[size] = free[:len(free)-1]
+	if free := p.free[m]; len(free) > 0 {
+		b = slotBlock{base: free[len(free)-1], set: m}
+		p.free[m] = free[:len(free)-1]
 		p.fx().takeFree = append(p.fx().takeFree, b)
 	} else {
-		b = slotBlock{base: p.next, size: size}
-		p.next += size
-		p.fx().next = p.next
+		if p.next[m]+endpointBlockSize > 1<<32 {
+			return 0, false
+		}
+		b = slotBlock{base: uint32(p.next[m]), set: m}
+		p.next[m] += endpointBlockSize
+		p.fx().next = append(p.fx().next, nextFx{set: m, next: p.next[m]})
 	}
 	p.blocks[chain] = &b
 	p.fx().blocks = append(p.fx().blocks, blockFx{chain: chain, b: &b})
-	return b.base
+	return b.base, true
 }
 
 // freeBlock frees chain's block, if it has one.
@@ -617,39 +621,59 @@ func (p *planner) freeBlock(chain string) {
 	p.fx().blocks = append(p.fx().blocks, blockFx{chain: chain, freed: *cur})
 }
 
-// assignSlots gives each chain of objs that uses an endpoint map its slots.
-func (p *planner) assignSlots(objs *serviceObjects) {
+// assignSlots gives each chain of objs that uses an endpoint map its block.
+func (p *planner) assignSlots(objs *serviceObjects) error {
 	for i := range objs.slots {
 		u := &objs.slots[i]
-		u.term.base = p.blockFor(u.chain, len(u.values))
+		base, ok := p.blockFor(u.chain, uint8(endpointMapIndex(u.term.set)))
+		if !ok {
+			return fmt.Errorf("endpoint map %s is full", u.term.set)
+		}
+		u.term.base = base
 	}
+	return nil
 }
 
-// wantSlots marks slots base..base+n-1 of set as wanted (full plans: the other elements
-// of the endpoint maps are leftovers).
-func (p *planner) wantSlots(set string, base uint32, n int) {
-	m := uint8(endpointMapIndex(set) + 1)
-	end := int(base) + n
-	if end > len(p.wantedSlots) {
-		p.wantedSlots = append(p.wantedSlots, make([]uint8, end-len(p.wantedSlots))...)
-	}
-	for s := int(base); s < end; s++ {
-		p.wantedSlots[s] = m
-	}
+// wantBlock records that the block at base of set is in use with n endpoints (full
+// plans: the other elements of the endpoint maps are leftovers).
+func (p *planner) wantBlock(set string, base uint32, n int) {
+	p.wantedBlocks[slotBlock{base: base, set: uint8(endpointMapIndex(set))}] = n
 }
 
+// slotWanted reports whether an element of an endpoint map (a start key of 4 bytes or an
+// end key of 5, as the kernel read gives them) belongs to a wanted block's ranges.
 func (p *planner) slotWanted(set string, key string) bool {
-	if len(key) != 4 {
+	if len(key) != 4 && len(key) != 5 {
 		return false
 	}
-	s := int(binary.NativeEndian.Uint32([]byte(key)))
-	return s < len(p.wantedSlots) && p.wantedSlots[s] == uint8(endpointMapIndex(set)+1)
+	v := binary.BigEndian.Uint32([]byte(key[:4]))
+	var base uint32
+	if len(key) == 4 {
+		base = v &^ (endpointBlockSize - 1) // a start lies inside its block
+	} else {
+		if v == 0 {
+			return false
+		}
+		base = (v - 1) &^ (endpointBlockSize - 1) // an end may be the block's last value + 1
+	}
+	n := p.wantedBlocks[slotBlock{base: base, set: uint8(endpointMapIndex(set))}]
+	if n == 0 {
+		return false
+	}
+	// The boundaries are floor(S*i/n): starts for i in [0, n), ends for i in [1, n].
+	off := uint64(v - base)
+	i := (off*uint64(n) + endpointBlockSize - 1) / endpointBlockSize
+	if len(key) == 4 && i >= uint64(n) || len(key) == 5 && (i == 0 || i > uint64(n)) {
+		return false
+	}
+	return uint64(endpointBlockSize)*i/uint64(n) == off
 }
 
-// planSlots writes the endpoint map elements of a Service's chains: the new values of
-// each chain's slots, and the deletion of slots it no longer uses. The kernel holds, as
-// far as we know, what the read found (a full plan) or what the old record says (a
-// partial one).
+// planSlots writes the endpoint map elements of a Service's chains: each chain's
+// endpoints as ranges of its block. The kernel holds, as far as we know, what the read
+// found (a full plan) or what the old record says (a partial one). A moved endpoint
+// rewrites its range; a changed count rewrites the block's ranges (each endpoint's share
+// changes); never a rule.
 func (p *planner) planSlots(objs *serviceObjects, old *serviceRecord, rec *serviceRecord, sc *svcScratch) {
 	oldSlots := func(chain string) *slotRecord {
 		if old == nil {
@@ -664,58 +688,77 @@ func (p *planner) planSlots(objs *serviceObjects, old *serviceRecord, rec *servi
 	}
 	for i := range objs.slots {
 		u := &objs.slots[i]
-		set, base := u.term.set, u.term.base
+		set, base, n := u.term.set, u.term.base, len(u.values)
 		rec.slots = append(rec.slots, slotRecord{chain: u.chain, set: set, base: base, values: u.values})
 		if p.in.full {
-			p.wantSlots(set, base, len(u.values))
-		}
-		o := oldSlots(u.chain)
-		sameBlock := o != nil && o.set == set && o.base == base
-		var kernel map[string]string
-		if s := p.base.sets[set]; p.in.full && s != nil {
-			kernel = s.elems
-		}
-		for j, v := range u.values {
-			key := slotKey(base + uint32(j))
-			var cur string
-			var present bool
-			switch {
-			case p.in.full:
-				cur, present = kernel[key]
-			case sameBlock && j < len(o.values):
-				cur, present = o.values[j], true
-			}
-			if present && cur == v {
-				continue
-			}
-			if present {
-				sc.delElems = append(sc.delElems, elemDef{set: set, key: key})
-			}
-			sc.addElems = append(sc.addElems, elemDef{set: set, key: key, value: v})
-		}
-		if p.in.full || o == nil {
+			p.wantBlock(set, base, n)
+			p.planBlockAgainstKernel(set, base, u.values, sc)
 			continue
 		}
-		from := 0
-		if sameBlock {
-			from = len(u.values)
+		o := oldSlots(u.chain)
+		if o != nil && o.set == set && o.base == base && len(o.values) == n {
+			for j, v := range u.values {
+				if o.values[j] != v {
+					lo, hi := blockRange(base, j, n)
+					sc.delElems = append(sc.delElems, elemDef{set: set, key: rangeKey(lo, hi)})
+					sc.addElems = append(sc.addElems, elemDef{set: set, key: rangeKey(lo, hi), value: v})
+				}
+			}
+			continue
 		}
-		for j := from; j < len(o.values); j++ {
-			sc.delElems = append(sc.delElems, elemDef{set: o.set, key: slotKey(o.base + uint32(j))})
+		if o != nil {
+			sc.delElems = appendRanges(sc.delElems, o.set, o.base, o.values, false)
 		}
+		sc.addElems = appendRanges(sc.addElems, set, base, u.values, true)
 	}
 	if p.in.full || old == nil {
 		return
 	}
-	// Chains that used slots and no longer do (gone, or down to one endpoint).
+	// Chains that used a block and no longer exist.
 	for i := range old.slots {
 		o := &old.slots[i]
-		if sc.slotChains.Has(o.chain) {
+		if !sc.slotChains.Has(o.chain) {
+			sc.delElems = appendRanges(sc.delElems, o.set, o.base, o.values, false)
+		}
+	}
+}
+
+// appendRanges appends the ranges of a block holding values (with their values when
+// withValues, for adding).
+func appendRanges(out []elemDef, set string, base uint32, values []string, withValues bool) []elemDef {
+	for j, v := range values {
+		lo, hi := blockRange(base, j, len(values))
+		e := elemDef{set: set, key: rangeKey(lo, hi)}
+		if withValues {
+			e.value = v
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// planBlockAgainstKernel makes a block's ranges what a full read found wrong: a range
+// whose start (with its value) or end is missing is written again, after deleting what
+// the kernel holds of it.
+func (p *planner) planBlockAgainstKernel(set string, base uint32, values []string, sc *svcScratch) {
+	var kernel map[string]string
+	if s := p.base.sets[set]; s != nil {
+		kernel = s.elems
+	}
+	for j, v := range values {
+		lo, hi := blockRange(base, j, len(values))
+		cur, hasStart := kernel[startKey(lo)]
+		_, hasEnd := kernel[endKey(hi)]
+		if hasStart && hasEnd && cur == v {
 			continue
 		}
-		for j := range o.values {
-			sc.delElems = append(sc.delElems, elemDef{set: o.set, key: slotKey(o.base + uint32(j))})
+		if hasStart {
+			sc.delElems = append(sc.delElems, elemDef{set: set, key: startKey(lo)})
 		}
+		if hasEnd {
+			sc.delElems = append(sc.delElems, elemDef{set: set, key: endKey(hi)})
+		}
+		sc.addElems = append(sc.addElems, elemDef{set: set, key: rangeKey(lo, hi), value: v})
 	}
 }
 
@@ -758,11 +801,18 @@ func (p *planner) preclaim(names []types.NamespacedName) {
 		if len(objs.slots) > 0 {
 			// No group exists yet; the allocation's effects wait for the Service's.
 			p.cur = &group{service: svc}
-			p.assignSlots(objs)
-			if p.cur.fx != nil {
+			err := p.assignSlots(objs)
+			if p.cur.fx != nil && err == nil {
 				p.pendingFx[svc] = p.cur.fx
 			}
 			p.cur = nil
+			if err != nil {
+				p.invalid[svc] = err
+				if rec := p.in.prevRecords[svc]; rec != nil {
+					total += len(rec.elems)
+				}
+				continue
+			}
 		}
 		total += len(objs.elems)
 		elems[svc] = objs.elems
@@ -825,15 +875,16 @@ func (p *planner) planService(svc types.NamespacedName) {
 					p.cur.fx = fx
 					delete(p.pendingFx, svc)
 				}
-				p.assignSlots(objs)
+				err = p.assignSlots(objs)
 			}
 		}
 	} else {
 		objs, err = p.build(svc)
+		if err == nil {
+			err = p.assignSlots(objs)
+		}
 		if err != nil {
 			p.invalid[svc] = err
-		} else {
-			p.assignSlots(objs)
 		}
 	}
 	if err != nil {
@@ -1051,7 +1102,7 @@ func (p *planner) keepRecord(svc types.NamespacedName, r *serviceRecord) {
 	p.putRecord(svc, r)
 	for _, sl := range r.slots {
 		if p.in.full {
-			p.wantSlots(sl.set, sl.base, len(sl.values))
+			p.wantBlock(sl.set, sl.base, len(sl.values))
 		}
 	}
 	for _, name := range r.chains {
@@ -1122,7 +1173,11 @@ func (p *planner) planLeftovers() {
 		}
 		var del []elemDef
 		slotMap := isEndpointMap(set)
-		for _, k := range sortedKeys(s.elems) {
+		keys := sortedKeys(s.elems)
+		if slotMap {
+			slices.SortFunc(keys, compareIntervalKeys)
+		}
+		for _, k := range keys {
 			ref := elemRef{set, k}
 			if slotMap {
 				if p.slotWanted(set, k) {
@@ -1172,6 +1227,17 @@ func (p *planner) planLeftovers() {
 		}
 		p.cur.ops = append(p.cur.ops, p.retireChain(name)...)
 	}
+}
+
+// compareIntervalKeys orders the start (4-byte) and end (5-byte, endKey) keys of an
+// endpoint map as nft sends a map's ranges: by value, an end before a start at the same
+// value. The kernel finds interval elements to delete by walking its tree, and deleting
+// one of two adjacent ranges' shared-value elements out of that order fails (ENOENT).
+func compareIntervalKeys(a, b string) int {
+	if c := strings.Compare(a[:min(4, len(a))], b[:min(4, len(b))]); c != 0 {
+		return c
+	}
+	return cmp.Compare(len(b), len(a))
 }
 
 // deleteStaleChains deletes chains flushed by an earlier sync, once the kernel had time
@@ -1240,6 +1306,10 @@ type (
 		b     *slotBlock // the chain's new block, or nil when freed
 		freed slotBlock
 	}
+	nextFx struct {
+		set  uint8
+		next uint64
+	}
 )
 
 // groupEffects are what one group changes in the model.
@@ -1252,10 +1322,9 @@ type groupEffects struct {
 	records []recordFx
 	stale   []staleFx
 	blocks  []blockFx
-	// takeFree lists free blocks now in use; next is the new first unused slot (0:
-	// unchanged).
+	// takeFree lists free blocks now in use; next the new first unused value of maps.
 	takeFree []slotBlock
-	next     uint32
+	next     []nextFx
 }
 
 // commit applies the effects of a group to the model.
@@ -1318,13 +1387,13 @@ func (s *tableState) commit(g *group, now time.Time) {
 		}
 	}
 	for _, b := range fx.takeFree {
-		free := s.slots.free[b.size]
+		free := s.slots.free[b.set]
 		if i := slices.Index(free, b.base); i >= 0 {
-			s.slots.free[b.size] = slices.Delete(free, i, i+1)
+			s.slots.free[b.set] = slices.Delete(free, i, i+1)
 		}
 	}
-	if fx.next > s.slots.next {
-		s.slots.next = fx.next
+	for _, n := range fx.next {
+		s.slots.next[n.set] = max(s.slots.next[n.set], n.next)
 	}
 	for _, e := range fx.blocks {
 		if e.b != nil {
@@ -1334,6 +1403,6 @@ func (s *tableState) commit(g *group, now time.Time) {
 		if cur, ok := s.slots.blocks[e.chain]; ok && cur == e.freed {
 			delete(s.slots.blocks, e.chain)
 		}
-		s.slots.free[e.freed.size] = append(s.slots.free[e.freed.size], e.freed.base)
+		s.slots.free[e.freed.set] = append(s.slots.free[e.freed.set], e.freed.base)
 	}
 }

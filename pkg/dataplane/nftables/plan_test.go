@@ -48,7 +48,9 @@ func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 			for _, sl := range r.slots {
 				if s := k.state.sets[sl.set]; s != nil {
 					for i, v := range sl.values {
-						s.elems[slotKey(sl.base+uint32(i))] = v
+						lo, hi := blockRange(sl.base, i, len(sl.values))
+						s.elems[startKey(lo)] = v
+						s.elems[endKey(hi)] = ""
 					}
 				}
 			}
@@ -180,7 +182,7 @@ func TestOneEndpointChangeCostsTheSameAtAnyScale(t *testing.T) {
 		start = time.Now()
 		p := k.apply(ns, changed("ns7/svc7"))
 		t.Logf("%d Services: one-endpoint plan %v, %d operations", n, time.Since(start), p.Len())
-		plans = append(plans, slotNumbers.ReplaceAllString(p.String(), "{ SLOT"))
+		plans = append(plans, slotNumbers.ReplaceAllString(p.String(), "{ RANGE"))
 		counts = append(counts, p.Len())
 	}
 	if counts[0] != counts[1] || plans[0] != plans[1] {
@@ -211,49 +213,46 @@ func TestPartialPlans(t *testing.T) {
 			want: `# ns1/a
 flush chain ip kube-proxy service-<ns1/a/tcp/p>
 delete element ip kube-proxy cluster-ips { 172.30.0.1 }
-delete element ip kube-proxy endpoints-<<ns1/a>> { 0 }
-delete element ip kube-proxy endpoints-<<ns1/a>> { 1 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 0-524287 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 524288-1048575 }
 delete element ip kube-proxy service-ips { 172.30.0.1 . tcp . 80 }
 delete chain ip kube-proxy service-<ns1/a/tcp/p>
 `,
 		},
 		{
-			name: "endpoints go away: reject instead of dispatch",
+			name: "the last endpoint goes: its range goes, the Service's addresses are rejected; no rule changes",
 			after: append(base()[:2],
 				svc("ns1", "c", "p", model.UDP, "172.30.0.3", 53).lb("5.6.7.8").build()),
 			changed: []string{"ns1/c"},
 			want: `# ns1/c
-flush chain ip kube-proxy external-<ns1/c/udp/p>
-flush chain ip kube-proxy service-<ns1/c/udp/p>
-delete element ip kube-proxy service-ips { 172.30.0.3 . udp . 53 }
-delete element ip kube-proxy service-ips { 5.6.7.8 . udp . 53 }
-add element ip kube-proxy no-endpoint-services { 172.30.0.3 . udp . 53 comment "ns1/c:p" : goto reject-chain }
-add element ip kube-proxy no-endpoint-services { 5.6.7.8 . udp . 53 comment "ns1/c:p" : goto reject-chain }
-delete chain ip kube-proxy external-<ns1/c/udp/p>
-delete chain ip kube-proxy service-<ns1/c/udp/p>
+delete element ip kube-proxy endpoints-<<ns1/c/udp>> { 0-1048575 }
+add element ip kube-proxy reject-services { 172.30.0.3 . udp . 53 comment "ns1/c:p" }
+add element ip kube-proxy reject-services { 5.6.7.8 . udp . 53 comment "ns1/c:p" }
 `,
 		},
 		{
-			name: "one endpoint replaced: one slot rewritten",
+			name: "one endpoint replaced: its range rewritten",
 			after: []*model.ServicePort{
 				svc("ns1", "a", "p", model.TCP, "172.30.0.1", 80).endpoints("10.180.0.1:80@local", "10.180.0.9:80").build(),
 				base()[1], base()[2]},
 			changed: []string{"ns1/a"},
 			want: `# ns1/a
-delete element ip kube-proxy endpoints-<<ns1/a>> { 1 }
-add element ip kube-proxy endpoints-<<ns1/a>> { 1 : 10.180.0.9 . 80 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 524288-1048575 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 524288-1048575 : 10.180.0.9 . 80 }
 `,
 		},
 		{
-			name: "a third endpoint: the block has room, the chain's modulus changes",
+			name: "a third endpoint: the block is split in three, no rule changes",
 			after: []*model.ServicePort{
 				svc("ns1", "a", "p", model.TCP, "172.30.0.1", 80).endpoints("10.180.0.1:80@local", "10.180.0.2:80", "10.180.0.9:80").build(),
 				base()[1], base()[2]},
 			changed: []string{"ns1/a"},
 			want: `# ns1/a
-flush chain ip kube-proxy service-<ns1/a/tcp/p>
-add rule ip kube-proxy service-<ns1/a/tcp/p> meta l4proto tcp dnat ip addr . port to numgen random mod 3 offset 0 map @endpoints-<<ns1/a>>
-add element ip kube-proxy endpoints-<<ns1/a>> { 2 : 10.180.0.9 . 80 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 0-524287 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 524288-1048575 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 0-349524 : 10.180.0.1 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 349525-699049 : 10.180.0.2 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 699050-1048575 : 10.180.0.9 . 80 }
 `,
 		},
 		{
@@ -270,25 +269,24 @@ add rule ip kube-proxy endpoint-<ns1/b/tcp/p__10.180.0.1/80> update @affinity-<n
 add rule ip kube-proxy endpoint-<ns1/b/tcp/p__10.180.0.1/80> meta l4proto tcp dnat to 10.180.0.1:80
 add rule ip kube-proxy service-<ns1/b/tcp/p> ip saddr @affinity-<ns1/b/tcp/p__10.180.0.1/80> goto endpoint-<ns1/b/tcp/p__10.180.0.1/80>
 add rule ip kube-proxy service-<ns1/b/tcp/p> goto endpoint-<ns1/b/tcp/p__10.180.0.1/80>
+delete element ip kube-proxy endpoints-<<ns1/b>> { 0-1048575 }
 `,
 		},
 		{
-			name: "a fifth endpoint outgrows the block: a new block, the old one freed",
+			name: "from two endpoints to five: the same block, rule and chain",
 			after: []*model.ServicePort{
 				svc("ns1", "a", "p", model.TCP, "172.30.0.1", 80).endpoints("10.180.0.1:80@local", "10.180.0.2:80",
 					"10.180.0.5:80", "10.180.0.6:80", "10.180.0.7:80").build(),
 				base()[1], base()[2]},
 			changed: []string{"ns1/a"},
 			want: `# ns1/a
-flush chain ip kube-proxy service-<ns1/a/tcp/p>
-add rule ip kube-proxy service-<ns1/a/tcp/p> meta l4proto tcp dnat ip addr . port to numgen random mod 5 offset 4 map @endpoints-<<ns1/a>>
-delete element ip kube-proxy endpoints-<<ns1/a>> { 0 }
-delete element ip kube-proxy endpoints-<<ns1/a>> { 1 }
-add element ip kube-proxy endpoints-<<ns1/a>> { 4 : 10.180.0.1 . 80 }
-add element ip kube-proxy endpoints-<<ns1/a>> { 5 : 10.180.0.2 . 80 }
-add element ip kube-proxy endpoints-<<ns1/a>> { 6 : 10.180.0.5 . 80 }
-add element ip kube-proxy endpoints-<<ns1/a>> { 7 : 10.180.0.6 . 80 }
-add element ip kube-proxy endpoints-<<ns1/a>> { 8 : 10.180.0.7 . 80 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 0-524287 }
+delete element ip kube-proxy endpoints-<<ns1/a>> { 524288-1048575 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 0-209714 : 10.180.0.1 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 209715-419429 : 10.180.0.2 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 419430-629144 : 10.180.0.5 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 629145-838859 : 10.180.0.6 . 80 }
+add element ip kube-proxy endpoints-<<ns1/a>> { 838860-1048575 : 10.180.0.7 . 80 }
 `,
 		},
 		{
@@ -308,8 +306,9 @@ add chain ip kube-proxy external-<ns0/z/udp/p>
 add chain ip kube-proxy service-<ns0/z/udp/p>
 add rule ip kube-proxy external-<ns0/z/udp/p> mark set mark or 0x4000 comment "masquerade"
 add rule ip kube-proxy external-<ns0/z/udp/p> goto service-<ns0/z/udp/p>
-add rule ip kube-proxy service-<ns0/z/udp/p> meta l4proto udp dnat to 10.180.0.4:53
+add rule ip kube-proxy service-<ns0/z/udp/p> meta l4proto udp dnat ip addr . port to numgen random mod 1048576 offset 0 map @endpoints-<<ns0/z/udp>>
 add element ip kube-proxy cluster-ips { 172.30.0.4 }
+add element ip kube-proxy endpoints-<<ns0/z/udp>> { 0-1048575 : 10.180.0.4 . 53 }
 add element ip kube-proxy service-ips { 172.30.0.4 . udp . 53 : goto service-<ns0/z/udp/p> }
 `,
 		},
@@ -474,21 +473,26 @@ var nameToken = regexp.MustCompile(`-<([^>]+)>`)
 
 // slotNumbers matches the slot of an endpoints-<<ns1/a>> element, which depends on the order
 // blocks were allocated in.
-var slotNumbers = regexp.MustCompile(`\{ [0-9]+`)
+var slotNumbers = regexp.MustCompile(`\{ [0-9]+-[0-9]+`)
 
 // expandNames replaces "-<ns/svc/proto/port>" (and "-<...__ip/port>") in expected
 // output with the hashed name, so that tests read like the names they mean.
 func expandNames(s string) string {
 	s = mapToken.ReplaceAllStringFunc(s, func(m string) string {
 		svc := m[len("endpoints-<<") : len(m)-2]
-		return endpointMapOf(chainNamesFor(model.ServicePortName{NamespacedName: nsName(svc), Port: "p", Protocol: model.TCP}).cluster)
+		proto := model.TCP
+		if rest, ok := strings.CutSuffix(svc, "/udp"); ok {
+			svc, proto = rest, model.UDP
+		}
+		return endpointMapOf(chainNamesFor(model.ServicePortName{NamespacedName: nsName(svc), Port: "p", Protocol: proto}).cluster)
 	})
 	return nameToken.ReplaceAllStringFunc(s, func(m string) string {
 		return "-" + hashAndTruncate(m[2:len(m)-1])
 	})
 }
 
-// mapToken is "endpoints-<<ns/svc>>": the endpoint map of that Service's TCP port "p".
+// mapToken is "endpoints-<<ns/svc>>": the endpoint map of that Service's TCP port "p"
+// ("endpoints-<<ns/svc/udp>>": of its UDP port "p").
 var mapToken = regexp.MustCompile(`endpoints-<<[^>]+>>`)
 
 func nsName(s string) types.NamespacedName {

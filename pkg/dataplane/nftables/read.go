@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -204,7 +203,14 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 			continue // the datapath owns its content (affinity)
 		}
 		s.elems = map[string]string{}
+		endpointMap := isEndpointMap(name)
 		err := dumpElements(c, fam, name, func(el anonElem) {
+			if el.intervalEnd {
+				if endpointMap {
+					s.elems[string(el.key)+"e"] = "" // endKey
+				}
+				return
+			}
 			v := el.verdict
 			if el.data != nil {
 				v = "=" + string(el.data)
@@ -259,22 +265,28 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 	return st, nil
 }
 
-// rebuildSlots turns the blocks the chains use into allocator state. A block overlapping
-// one seen before is dropped: its chain gets a new one and is rewritten.
+// rebuildSlots turns the blocks the chains use into allocator state: below the highest
+// block of each map, the blocks no chain uses are free. A block used by two chains is
+// given to the first (by name); the other gets a new one and is rewritten.
 func rebuildSlots(blocks map[string]slotBlock) slotState {
 	out := newSlotState()
-	names := sortedKeys(blocks)
-	slices.SortStableFunc(names, func(a, b string) int { return cmp.Compare(blocks[a].base, blocks[b].base) })
-	var end uint64
-	for _, n := range names {
+	used := map[slotBlock]bool{}
+	for _, n := range sortedKeys(blocks) {
 		b := blocks[n]
-		if uint64(b.base) < end {
+		if used[b] {
 			continue
 		}
+		used[b] = true
 		out.blocks[n] = b
-		end = uint64(b.base) + uint64(b.size)
+		out.next[b.set] = max(out.next[b.set], uint64(b.base)+endpointBlockSize)
 	}
-	out.next = uint32(min(end, 1<<32-1))
+	for m := range out.next {
+		for base := uint64(0); base < out.next[m]; base += endpointBlockSize {
+			if !used[slotBlock{base: uint32(base), set: uint8(m)}] {
+				out.free[m] = append(out.free[m], uint32(base))
+			}
+		}
+	}
 	return out
 }
 
@@ -299,8 +311,9 @@ func parseKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*setDef,
 		case *expr.Numgen:
 			numgen = x
 		case *expr.Lookup:
-			if numgen != nil && isEndpointMap(x.SetName) {
-				block = &slotBlock{base: numgen.Offset, size: blockSize(int(numgen.Modulus))}
+			if numgen != nil && isEndpointMap(x.SetName) && numgen.Modulus == endpointBlockSize &&
+				numgen.Offset%endpointBlockSize == 0 {
+				block = &slotBlock{base: numgen.Offset, set: uint8(endpointMapIndex(x.SetName))}
 			}
 		}
 		if l, ok := e.(*expr.Lookup); ok && strings.HasPrefix(l.SetName, "__") {
@@ -346,6 +359,9 @@ func parseExpr(fam byte, b []byte) (expr.Any, error) {
 		case unix.NFTA_EXPR_DATA:
 			data = it.val
 		}
+	}
+	if name == "byteorder" {
+		return parseByteorder(data), nil
 	}
 	e := exprByName(name)
 	if e == nil {
@@ -413,6 +429,27 @@ func exprByName(name string) expr.Any {
 		return &expr.Exthdr{}
 	}
 	return nil
+}
+
+// parseByteorder parses a byteorder expression (google/nftables marshals it but does not
+// unmarshal it).
+func parseByteorder(data []byte) *expr.Byteorder {
+	e := &expr.Byteorder{}
+	for it := newAttrIter(data); it.next(); {
+		switch it.typ {
+		case unix.NFTA_BYTEORDER_SREG:
+			e.SourceRegister = it.u32()
+		case unix.NFTA_BYTEORDER_DREG:
+			e.DestRegister = it.u32()
+		case unix.NFTA_BYTEORDER_OP:
+			e.Op = expr.ByteorderOp(it.u32())
+		case unix.NFTA_BYTEORDER_LEN:
+			e.Len = it.u32()
+		case unix.NFTA_BYTEORDER_SIZE:
+			e.Size = it.u32()
+		}
+	}
+	return e
 }
 
 // dumpElements lists the elements of one set.

@@ -489,6 +489,32 @@ func (m vmapProtoPort) compile(_ *family, c *compiled) {
 		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, SetName: m.vmap})
 }
 
+// addrProtoPortInSet is "ip daddr . meta l4proto . th dport @set".
+type addrProtoPortInSet struct{ set string }
+
+func (m addrProtoPortInSet) render(f *family, b *strings.Builder) {
+	b.WriteString(f.name + " daddr . meta l4proto . th dport @" + m.set)
+}
+
+func (m addrProtoPortInSet) compile(f *family, c *compiled) {
+	c.exprs = append(c.exprs,
+		loadAddr(f, daddr, 1, uint32(f.addrLn)),
+		loadL4Proto(f.regProtoAfterAddr),
+		loadDport(f.regPortAfterAddr),
+		&expr.Lookup{SourceRegister: 1, SetName: m.set})
+}
+
+// protoPortInSet is "meta l4proto . th dport @set".
+type protoPortInSet struct{ set string }
+
+func (m protoPortInSet) render(_ *family, b *strings.Builder) {
+	b.WriteString("meta l4proto . th dport @" + m.set)
+}
+
+func (m protoPortInSet) compile(_ *family, c *compiled) {
+	c.exprs = append(c.exprs, loadL4Proto(1), loadDport(9), &expr.Lookup{SourceRegister: 1, SetName: m.set})
+}
+
 // hairpinMatch is "ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections".
 type hairpinMatch struct{}
 
@@ -616,33 +642,68 @@ func (d dnatNumgen) anon(f *family) *anonSet {
 	return set
 }
 
-// dnatMap is "dnat ip addr . port to numgen random mod N offset B map @endpoints-XX":
-// slots B..B+N-1 of the endpoint map hold the chain's endpoints (see endpointRules).
+// dnatMap is "dnat ip addr . port to numgen random mod 1048576 offset B map
+// @endpoints-XX": a random number in the chain's block B..B+endpointBlockSize-1 of the
+// interval map, whose ranges split the block evenly among the chain's endpoints (see
+// endpointRules). The rule is the same whatever the number of endpoints.
 type dnatMap struct {
-	n    int
-	base uint32 // set by the planner when it has allocated the slots
+	base uint32 // set by the planner when it has allocated the block
 	set  string
 }
 
 func (d *dnatMap) render(f *family, b *strings.Builder) {
-	b.WriteString("dnat " + f.name + " addr . port to numgen random mod " + itoa(d.n) +
+	b.WriteString("dnat " + f.name + " addr . port to numgen random mod " + strconv.Itoa(endpointBlockSize) +
 		" offset " + strconv.FormatUint(uint64(d.base), 10) + " map @" + d.set)
 }
 
 func (d *dnatMap) compile(f *family, c *compiled) {
 	c.exprs = append(c.exprs,
-		&expr.Numgen{Register: 1, Modulus: uint32(d.n), Type: unix.NFT_NG_RANDOM, Offset: d.base},
+		&expr.Numgen{Register: 1, Modulus: endpointBlockSize, Type: unix.NFT_NG_RANDOM, Offset: d.base},
+		// Interval keys compare as big-endian bytes; numgen leaves a host-order number
+		// (nft adds the same conversion).
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: d.set},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.natFamily(),
 			RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: f.regMapPort, RegProtoMax: f.regMapPort, Specified: true})
 }
 
-// slotKey is the key of slot i of an endpoint map: numgen leaves a host-order u32 in
-// its register.
-func slotKey(i uint32) string {
-	var b [4]byte
-	binary.NativeEndian.PutUint32(b[:], i)
+// endpointBlockSize is the number of numgen values each chain's block of an endpoint map
+// spans. With N endpoints, endpoint i gets the values [i*S/N, (i+1)*S/N): the shares
+// differ by at most one value in 2^20, so the spread is even to within N/2^20 (0.001 %
+// for 10 endpoints). A map holds 4 096 blocks (the key is 32 bits); there are 256 maps.
+const endpointBlockSize = 1 << 20
+
+// Keys of endpoint map elements. The maps are interval maps, and the kernel keeps a
+// range as two elements: its first value (with the endpoint) and an "interval end" at
+// the value after its last. The planner keeps them as one elemDef whose key is both
+// bounds (8 bytes: rangeKey); a lone start (4 bytes) or lone end (endKey, 5 bytes) only
+// appears when a full resync finds half a range in the kernel.
+
+// rangeKey is the key of the range [lo, hi) of an endpoint map.
+func rangeKey(lo, hi uint32) string {
+	var b [8]byte
+	binary.BigEndian.PutUint32(b[:], lo)
+	binary.BigEndian.PutUint32(b[4:], hi)
 	return string(b[:])
+}
+
+// startKey is the key of the element starting a range at v (big-endian, as the rule's
+// byteorder conversion leaves the number).
+func startKey(v uint32) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], v)
+	return string(b[:])
+}
+
+// endKey is how the planner names the interval end element at v.
+func endKey(v uint32) string { return startKey(v) + "e" }
+
+// blockRange returns the bounds of endpoint i's range when n endpoints share the block at
+// base.
+func blockRange(base uint32, i, n int) (lo, hi uint32) {
+	lo = base + uint32(uint64(endpointBlockSize)*uint64(i)/uint64(n))
+	hi = base + uint32(uint64(endpointBlockSize)*uint64(i+1)/uint64(n))
+	return lo, hi
 }
 
 // endpointValue is the value of an endpoint map element: address . port, each part
@@ -728,6 +789,8 @@ func (m markAndNonZero) constKey() string      { return "markand/" + markString(
 func (masqueradeFullyRandom) constKey() string { return "masq" }
 func (m vmapAddrProtoPort) constKey() string   { return "vmapapp/" + m.vmap }
 func (m vmapProtoPort) constKey() string       { return "vmappp/" + m.vmap }
+func (m addrProtoPortInSet) constKey() string  { return "setapp/" + m.set }
+func (m protoPortInSet) constKey() string      { return "setpp/" + m.set }
 func (hairpinMatch) constKey() string          { return "hairpin" }
 func (rejectTerm) constKey() string            { return "reject" }
 func (m fibLocal) constKey() string            { return "fiblocal/" + m.dir.String() }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,12 +34,12 @@ type serviceObjects struct {
 	slots []slotUse
 }
 
-// slotUse is one chain's endpoints, to be put in consecutive slots of an endpoint map
-// (term.set; the planner sets term.base).
+// slotUse is one chain's endpoints, to be put in the ranges of its block of an endpoint
+// map (term.set; the planner allocates the block and sets term.base).
 type slotUse struct {
 	chain  string
 	term   *dnatMap
-	values []string // the value of each slot, in order
+	values []string // the value of each range, in order (endpointValue)
 }
 
 // buildService computes the objects of one Service from its ports, or an error when the
@@ -116,27 +117,31 @@ func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort,
 		}
 	}
 
-	usesCluster := len(sp.ClusterEndpoints) > 0 && sp.UsesClusterEndpoints()
-	usesLocal := len(sp.LocalEndpoints) > 0 && sp.UsesLocalEndpoints()
+	// The chains, their rules and the verdict map elements pointing at them depend on the
+	// Service's spec only, never on how many endpoints it has: adding a rule or a
+	// jump/goto element makes the kernel validate the whole table at commit, which costs
+	// milliseconds at 10 000 Services, while endpoints come and go every second in a
+	// large cluster. The endpoints are data (ranges of an endpoint map, see
+	// endpointRules); a policy chain without endpoints finds no range and lets the packet
+	// through untranslated, to the filter-stage checks below, which drop (Local policy,
+	// none on this node) or reject (none anywhere) it as upstream does. Those decisions
+	// are data too: "drop" elements of the no-endpoint verdict maps, and elements of the
+	// reject sets (not upstream's "goto reject-chain" map elements, whose addition would
+	// validate the table).
+	usesCluster := sp.UsesClusterEndpoints()
+	usesLocal := sp.UsesLocalEndpoints()
+	clusterHas := usesCluster && len(sp.ClusterEndpoints) > 0
+	localHas := usesLocal && len(sp.LocalEndpoints) > 0
 
-	// A policy's chain exists only when it has endpoints; traffic whose chain does not
-	// exist is dropped (Local policy, no local endpoints) or rejected (no endpoints).
-	internalChain, hasInternal := names.cluster, hasEndpoints && usesCluster
+	internalChain, hasInternal := names.cluster, hasEndpoints && clusterHas
 	if sp.InternalPolicyLocal {
-		internalChain, hasInternal = names.local, hasEndpoints && usesLocal
+		internalChain, hasInternal = names.local, hasEndpoints && localHas
 	}
-	externalPolicyChain, hasExternal := names.cluster, hasEndpoints && usesCluster
+	externalPolicyChain, hasExternal := names.cluster, hasEndpoints && clusterHas
 	if sp.ExternalPolicyLocal {
-		externalPolicyChain, hasExternal = names.local, hasEndpoints && usesLocal
+		externalPolicyChain, hasExternal = names.local, hasEndpoints && localHas
 	}
-	// The external chain exists whenever there are endpoints anywhere: even without
-	// externally usable ones it carries the short-circuit rules for pods and the node.
-	usesExternal := hasEndpoints && sp.ExternallyAccessible()
-
-	internalVerdict, externalVerdict := "drop", "drop"
-	if !hasEndpoints {
-		internalVerdict, externalVerdict = "goto "+rejectChain, "goto "+rejectChain
-	}
+	usesExternal := sp.ExternallyAccessible()
 
 	add := func(set, key, value string, withComment bool) {
 		e := elemDef{set: set, key: key, value: value}
@@ -147,40 +152,41 @@ func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort,
 	}
 	ipKey := func(a netip.Addr) string { return keyAddrProtoPort(f, a, proto, port) }
 
+	// noEndpoints adds what stops traffic that has no endpoint to go to.
+	noEndpoints := func(vmap, rejectSet, key string) {
+		if hasEndpoints {
+			add(vmap, key, "drop", true)
+		} else {
+			add(rejectSet, key, "", true)
+		}
+	}
 	add(clusterIPsSet, keyAddr(f, sp.ClusterIP), "", false)
-	if hasInternal {
-		add(serviceIPsMap, ipKey(sp.ClusterIP), "goto "+internalChain, false)
-	} else {
-		add(noEndpointServicesMap, ipKey(sp.ClusterIP), internalVerdict, true)
+	add(serviceIPsMap, ipKey(sp.ClusterIP), "goto "+internalChain, false)
+	if !hasInternal {
+		noEndpoints(noEndpointServicesMap, rejectServicesSet, ipKey(sp.ClusterIP))
 	}
 	for _, eip := range sp.ExternalIPs {
-		if hasEndpoints {
-			add(serviceIPsMap, ipKey(eip), "goto "+names.external, false)
-		}
+		add(serviceIPsMap, ipKey(eip), "goto "+names.external, false)
 		if !hasExternal {
-			add(noEndpointServicesMap, ipKey(eip), externalVerdict, true)
+			noEndpoints(noEndpointServicesMap, rejectServicesSet, ipKey(eip))
 		}
 	}
 	usesFirewall := len(sp.LoadBalancerVIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0
 	for _, lb := range sp.LoadBalancerVIPs {
-		if hasEndpoints {
-			add(serviceIPsMap, ipKey(lb), "goto "+names.external, false)
-		}
+		add(serviceIPsMap, ipKey(lb), "goto "+names.external, false)
 		if usesFirewall {
 			add(firewallIPsMap, ipKey(lb), "goto "+names.firewall, false)
 		}
 		if !hasExternal {
-			add(noEndpointServicesMap, ipKey(lb), externalVerdict, true)
+			noEndpoints(noEndpointServicesMap, rejectServicesSet, ipKey(lb))
 		}
 	}
 	if sp.NodePort != 0 {
 		npKey := keyProtoPort(proto, uint16(sp.NodePort))
-		if hasEndpoints {
-			// NodePorts are not subject to loadBalancerSourceRanges (upstream behaviour).
-			add(serviceNodePortsMap, npKey, "goto "+names.external, false)
-		}
+		// NodePorts are not subject to loadBalancerSourceRanges (upstream behaviour).
+		add(serviceNodePortsMap, npKey, "goto "+names.external, false)
 		if !hasExternal {
-			add(noEndpointNodePortsMap, npKey, externalVerdict, true)
+			noEndpoints(noEndpointNodePortsMap, rejectNodePortsSet, npKey)
 		}
 	}
 
@@ -192,27 +198,18 @@ func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort,
 		if !sp.ExternalPolicyLocal {
 			rules = append(rules, rule{terms: []term{markSetOr{c.mark}}, comment: "masquerade"})
 		} else {
+			// An externally accessible port always has the Cluster chain (see
+			// UsesClusterEndpoints); when it has no endpoints, neither has the Local one.
 			shortCircuit := names.cluster
-			if !usesCluster {
-				// Without Cluster endpoints the short-circuit has nowhere else to go.
-				shortCircuit = ""
-				if usesLocal {
-					shortCircuit = names.local
-				}
-			}
-			if shortCircuit != "" && !c.localDetector.IsNoOp() {
+			if !c.localDetector.IsNoOp() {
 				rules = append(rules, rule{terms: []term{localMatch(f, c.localDetector, false), gotoChain(shortCircuit)},
 					comment: "short-circuit pod traffic"})
 			}
 			rules = append(rules, rule{terms: []term{fibLocal{saddr}, markSetOr{c.mark}}, comment: "masquerade local traffic"})
-			if shortCircuit != "" {
-				rules = append(rules, rule{terms: []term{fibLocal{saddr}, gotoChain(shortCircuit)},
-					comment: "short-circuit local traffic"})
-			}
+			rules = append(rules, rule{terms: []term{fibLocal{saddr}, gotoChain(shortCircuit)},
+				comment: "short-circuit local traffic"})
 		}
-		if hasExternal {
-			rules = append(rules, rule{terms: []term{gotoChain(externalPolicyChain)}})
-		}
+		rules = append(rules, rule{terms: []term{gotoChain(externalPolicyChain)}})
 		out.chains = append(out.chains, chainDef{name: names.external, rules: rules})
 	}
 
@@ -303,32 +300,35 @@ const cascadeMax = 64
 
 // endpointRules picks one endpoint per new connection.
 //
-// Without session affinity: a plain dnat for one endpoint; otherwise "dnat to numgen
-// random mod N offset B map @endpoints-XX", the endpoints being in slots B..B+N-1 of one
-// of endpointMaps shared data maps (chosen by a hash of the chain name). Replacing an
-// endpoint then changes one map element, not a rule. That matters at scale: adding any
-// rule makes the kernel validate the whole table at commit (tens of milliseconds at
-// 10 000 Services), while changing a data map element costs microseconds. Why shared
-// maps and not one per Service (or upstream's anonymous map in the rule): the kernel
-// keeps a table's sets in a list and finds them by name, or names an anonymous one by
-// parsing every other name, so 10 000 per-Service sets make a load quadratic; and a rule
-// binding a map from a new chain makes the kernel check every element of the map, so a
-// single shared map would be quadratic too. With 256 maps both costs stay small.
+// Without session affinity: "dnat to numgen random mod 2^20 offset B map @endpoints-XX",
+// whatever the number of endpoints (none, one or many). The chain owns the block
+// B..B+2^20-1 of one of endpointMaps shared interval maps (chosen by a hash of the chain
+// name); its N endpoints are N ranges splitting the block evenly. Every endpoint change
+// (a move, one more, one less, the first, the last) is then a change of map elements,
+// never of a rule. That matters at scale: adding any rule, or a verdict map element that
+// jumps to a chain, makes the kernel validate the whole table at commit (milliseconds at
+// 10 000 Services), while changing a data map element does not. Why shared maps and not
+// one per Service (or upstream's anonymous map in the rule): the kernel keeps a table's
+// sets in a list and finds them by name, or names an anonymous one by parsing every
+// other name, so 10 000 per-Service sets make a load quadratic; and a rule binding a map
+// from a new chain makes the kernel check every element of the map, so a single shared
+// map would be quadratic too. With 256 maps both costs stay small.
 //
 // With session affinity: the client's recent endpoint first, then a cascade (or an
-// anonymous verdict map above cascadeMax) over the endpoint chains.
+// anonymous verdict map above cascadeMax) over the endpoint chains; its endpoint changes
+// rewrite rules.
 func endpointRules(f *family, sp *model.ServicePort, proto byte, chain string, eps []model.Endpoint, affinity bool, out *serviceObjects) []rule {
 	n := len(eps)
 	if !affinity {
-		if n == 1 {
-			return []rule{{terms: []term{l4proto{proto}, dnatTo{eps[0].AddrPort()}}}}
-		}
-		use := slotUse{chain: chain, term: &dnatMap{n: n, set: endpointMapOf(chain)}, values: make([]string, n)}
+		use := slotUse{chain: chain, term: &dnatMap{set: endpointMapOf(chain)}, values: make([]string, n)}
 		for i := range eps {
 			use.values[i] = endpointValue(f, eps[i].AddrPort())
 		}
 		out.slots = append(out.slots, use)
 		return []rule{{terms: []term{l4proto{proto}, use.term}}}
+	}
+	if n == 0 {
+		return nil
 	}
 	rules := make([]rule, 0, 2*n)
 	chains := make([]string, n)
@@ -393,13 +393,21 @@ func renderKey(f *family, set, key string) string {
 		return addr(0)
 	case hairpinConnectionsSet:
 		return addr(0) + " . " + addr(f.addrLn) + " . " + protoPort(2*f.addrLn)
-	case serviceIPsMap, firewallIPsMap, noEndpointServicesMap:
+	case serviceIPsMap, firewallIPsMap, noEndpointServicesMap, rejectServicesSet:
 		return addr(0) + " . " + protoPort(f.addrLn)
-	case serviceNodePortsMap, noEndpointNodePortsMap:
+	case serviceNodePortsMap, noEndpointNodePortsMap, rejectNodePortsSet:
 		return protoPort(0)
 	}
-	if len(b) == 4 && isEndpointMap(set) {
-		return itoa(int(binary.NativeEndian.Uint32(b)))
+	if isEndpointMap(set) {
+		switch len(b) {
+		case 8: // a range [lo, hi): nft writes "lo-(hi-1)"
+			lo, hi := binary.BigEndian.Uint32(b), binary.BigEndian.Uint32(b[4:])
+			return strconv.FormatUint(uint64(lo), 10) + "-" + strconv.FormatUint(uint64(hi)-1, 10)
+		case 4:
+			return strconv.FormatUint(uint64(binary.BigEndian.Uint32(b)), 10)
+		case 5:
+			return "end " + strconv.FormatUint(uint64(binary.BigEndian.Uint32(b)), 10)
+		}
 	}
 	return fmt.Sprintf("0x%x", b)
 }

@@ -37,30 +37,24 @@ type tableState struct {
 	slots slotState
 }
 
-// slotState allocates the slots of the endpoint maps. A chain's block of slots is a power
-// of two at least as large as its endpoint count (at least 4), so that a Service can
-// scale by a few endpoints without moving. A block its chain outgrew is freed, and used
-// again by a later sync (never by the plan that freed it: a group of that plan may fail,
-// and then the block is still in use). Slots are global, whatever the map.
+// slotState allocates the blocks of the endpoint maps: a chain that keeps its endpoints
+// in a map owns one block of endpointBlockSize values of the map its name hashes to (see
+// endpointRules). A freed block is used again by a later sync (never by the plan that
+// freed it: a group of that plan may fail, and then the block is still in use).
 type slotState struct {
-	blocks map[string]slotBlock // by chain
-	free   map[uint32][]uint32  // by size: bases of free blocks
-	next   uint32               // first slot never used
+	blocks map[string]slotBlock   // by chain
+	free   [endpointMaps][]uint32 // by map: bases of free blocks
+	next   [endpointMaps]uint64   // by map: first value never used
 }
 
-type slotBlock struct{ base, size uint32 }
+// slotBlock is a block of endpoint map set (its index) starting at base.
+type slotBlock struct {
+	base uint32
+	set  uint8
+}
 
 func newSlotState() slotState {
-	return slotState{blocks: map[string]slotBlock{}, free: map[uint32][]uint32{}}
-}
-
-// blockSize is the size of the block for n endpoints.
-func blockSize(n int) uint32 {
-	size := uint32(4)
-	for size < uint32(n) {
-		size <<= 1
-	}
-	return size
+	return slotState{blocks: map[string]slotBlock{}}
 }
 
 func newTableState() *tableState {
@@ -116,7 +110,8 @@ type serviceRecord struct {
 	slots []slotRecord
 }
 
-// slotRecord is one chain's endpoints in an endpoint map: slot base+i holds values[i].
+// slotRecord is one chain's endpoints in an endpoint map: the block at base holds
+// len(values) ranges, range i (blockRange) values[i].
 type slotRecord struct {
 	chain  string
 	set    string
