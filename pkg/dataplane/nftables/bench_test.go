@@ -297,8 +297,16 @@ func TestHelperColdSyncRSS(t *testing.T) {
 	close(stop)
 	<-sampled
 	fmt.Printf("VmHWM %d\n", statusKiB("VmHWM"))
+	if path := os.Getenv("SLUICE_RSS_HEAP_PROFILE"); path != "" {
+		runtime.GC()
+		f, _ := os.Create(path + ".resync")
+		_ = pprof.WriteHeapProfile(f)
+		f.Close()
+	}
 	fmt.Printf("heap-after-resync %d\n", liveHeapKiB())
 	fmt.Printf("heap-peak %d\n", peakHeapKiB)
+	runtime.KeepAlive(ns)
+	runtime.KeepAlive(be)
 }
 
 // liveHeapKiB collects garbage and returns the heap in use: what the process holds.

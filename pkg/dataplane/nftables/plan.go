@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -741,15 +740,15 @@ func appendRanges(out []elemDef, set string, base uint32, values []string, withV
 // whose start (with its value) or end is missing is written again, after deleting what
 // the kernel holds of it.
 func (p *planner) planBlockAgainstKernel(set string, base uint32, values []string, sc *svcScratch) {
-	var kernel map[string]string
+	var kernel intervalElems
 	if s := p.base.sets[set]; s != nil {
-		kernel = s.elems
+		kernel = s.intervals
 	}
 	for j, v := range values {
 		lo, hi := blockRange(base, j, len(values))
-		cur, hasStart := kernel[startKey(lo)]
-		_, hasEnd := kernel[endKey(hi)]
-		if hasStart && hasEnd && cur == v {
+		start, hasStart := kernel.find(lo, false)
+		_, hasEnd := kernel.find(hi, true)
+		if hasStart && hasEnd && start.value() == v {
 			continue
 		}
 		if hasStart {
@@ -1168,22 +1167,31 @@ func (p *planner) planLeftovers() {
 	// Elements nobody claims.
 	for _, set := range sortedKeys(p.base.sets) {
 		s := p.base.sets[set]
-		if s.elems == nil || set == nodePortIPsSet || !p.desiredSets.Has(set) {
+		if !p.desiredSets.Has(set) {
+			continue
+		}
+		if isEndpointMap(set) {
+			// In the order of s.intervals, nft's: the kernel finds interval elements to
+			// delete by walking its tree, and deleting the shared-value elements of two
+			// adjacent ranges out of that order fails (ENOENT).
+			var del []elemDef
+			for i := range s.intervals {
+				if k := s.intervals[i].key(); !p.slotWanted(set, k) {
+					del = append(del, elemDef{set: set, key: k})
+				}
+			}
+			if len(del) > 0 {
+				p.emit(op{kind: opDeleteElements, name: set, elems: del})
+			}
+			continue
+		}
+		if s.elems == nil || set == nodePortIPsSet {
 			continue
 		}
 		var del []elemDef
-		slotMap := isEndpointMap(set)
-		keys := sortedKeys(s.elems)
-		if slotMap {
-			slices.SortFunc(keys, compareIntervalKeys)
-		}
-		for _, k := range keys {
+		for _, k := range sortedKeys(s.elems) {
 			ref := elemRef{set, k}
-			if slotMap {
-				if p.slotWanted(set, k) {
-					continue
-				}
-			} else if len(p.claimsOf(ref)) > 0 {
+			if len(p.claimsOf(ref)) > 0 {
 				continue
 			}
 			if _, present := p.elem(ref); !present {
@@ -1227,17 +1235,6 @@ func (p *planner) planLeftovers() {
 		}
 		p.cur.ops = append(p.cur.ops, p.retireChain(name)...)
 	}
-}
-
-// compareIntervalKeys orders the start (4-byte) and end (5-byte, endKey) keys of an
-// endpoint map as nft sends a map's ranges: by value, an end before a start at the same
-// value. The kernel finds interval elements to delete by walking its tree, and deleting
-// one of two adjacent ranges' shared-value elements out of that order fails (ENOENT).
-func compareIntervalKeys(a, b string) int {
-	if c := strings.Compare(a[:min(4, len(a))], b[:min(4, len(b))]); c != 0 {
-		return c
-	}
-	return cmp.Compare(len(b), len(a))
 }
 
 // deleteStaleChains deletes chains flushed by an earlier sync, once the kernel had time

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 		// elements the model keeps only in the records.
 		for name, s := range k.state.sets {
 			if isEndpointMap(name) {
-				s.elems = map[string]string{}
+				s.intervals = nil
 			}
 		}
 		for _, r := range k.state.services {
@@ -49,10 +50,16 @@ func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 				if s := k.state.sets[sl.set]; s != nil {
 					for i, v := range sl.values {
 						lo, hi := blockRange(sl.base, i, len(sl.values))
-						s.elems[startKey(lo)] = v
-						s.elems[endKey(hi)] = ""
+						e := intervalElem{v: lo, dlen: uint8(len(v) - 1)}
+						copy(e.data[:], v[1:])
+						s.intervals = append(s.intervals, e, intervalElem{v: hi, end: true})
 					}
 				}
+			}
+		}
+		for name, s := range k.state.sets {
+			if isEndpointMap(name) {
+				slices.SortFunc(s.intervals, compareIntervalElems)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -202,13 +203,25 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 		if s.def.flags&unix.NFT_SET_EVAL != 0 {
 			continue // the datapath owns its content (affinity)
 		}
+		if isEndpointMap(name) {
+			err := dumpElements(c, fam, name, func(el anonElem) {
+				if len(el.key) != 4 || len(el.data) > 20 {
+					return // not one of ours: the map's type is checked before it is used
+				}
+				e := intervalElem{v: binary.BigEndian.Uint32(el.key), end: el.intervalEnd, dlen: uint8(len(el.data))}
+				copy(e.data[:], el.data)
+				s.intervals = append(s.intervals, e)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("list elements of %s: %w", name, err)
+			}
+			slices.SortFunc(s.intervals, compareIntervalElems)
+			stats.elements += len(s.intervals)
+			continue
+		}
 		s.elems = map[string]string{}
-		endpointMap := isEndpointMap(name)
 		err := dumpElements(c, fam, name, func(el anonElem) {
 			if el.intervalEnd {
-				if endpointMap {
-					s.elems[string(el.key)+"e"] = "" // endKey
-				}
 				return
 			}
 			v := el.verdict

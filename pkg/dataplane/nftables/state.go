@@ -1,9 +1,11 @@
 package nftables
 
 import (
+	"cmp"
 	"encoding/binary"
 	"hash"
 	"hash/fnv"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -84,8 +86,58 @@ type chainState struct {
 type setState struct {
 	def setDef
 	// elems maps raw keys to values ("" in a set, the verdict in a map). nil for sets
-	// whose content the datapath owns (affinity sets).
+	// whose content the datapath owns (affinity sets), and for the endpoint maps.
 	elems map[string]string
+	// intervals are an endpoint map's elements as a full read found them (nil otherwise:
+	// between full resyncs the Services' records stand for them). A read of 10 000
+	// Services x 10 endpoints holds 200 000 of them; as map entries with string keys and
+	// values they cost five times as much, and a resync holds them while it plans.
+	intervals intervalElems
+}
+
+// intervalElem is one element of an endpoint map: a range's start (with its endpoint:
+// address . port, each padded to 4 bytes) or its end.
+type intervalElem struct {
+	v    uint32
+	end  bool
+	dlen uint8
+	data [20]byte
+}
+
+// intervalElems are elements sorted as nft sends them: by value, an end before a start.
+type intervalElems []intervalElem
+
+func compareIntervalElems(a, b intervalElem) int {
+	if a.v != b.v {
+		return cmp.Compare(a.v, b.v)
+	}
+	switch {
+	case a.end == b.end:
+		return 0
+	case a.end:
+		return -1
+	}
+	return 1
+}
+
+// find returns the element at v (the end one if end), if present.
+func (es intervalElems) find(v uint32, end bool) (*intervalElem, bool) {
+	i, ok := slices.BinarySearchFunc(es, intervalElem{v: v, end: end}, compareIntervalElems)
+	if !ok {
+		return nil, false
+	}
+	return &es[i], true
+}
+
+// value returns a start element's value as endpointValue spells it.
+func (e *intervalElem) value() string { return "=" + string(e.data[:e.dlen]) }
+
+// key returns the element's key as the planner names it (startKey or endKey).
+func (e *intervalElem) key() string {
+	if e.end {
+		return endKey(e.v)
+	}
+	return startKey(e.v)
 }
 
 type elemRef struct {
