@@ -685,30 +685,31 @@ func (p *planner) planSlots(objs *serviceObjects, old *serviceRecord, rec *servi
 		}
 		return nil
 	}
+	f := p.f
 	for i := range objs.slots {
 		u := &objs.slots[i]
-		set, base, n := u.term.set, u.term.base, len(u.values)
-		rec.slots = append(rec.slots, slotRecord{chain: u.chain, set: set, base: base, values: u.values})
+		set, base, n := u.term.set, u.term.base, len(u.eps)
+		rec.slots = append(rec.slots, slotRecord{chain: u.chain, set: set, base: base, eps: u.eps})
 		if p.in.full {
 			p.wantBlock(set, base, n)
-			p.planBlockAgainstKernel(set, base, u.values, sc)
+			p.planBlockAgainstKernel(set, base, u.eps, sc)
 			continue
 		}
 		o := oldSlots(u.chain)
-		if o != nil && o.set == set && o.base == base && len(o.values) == n {
-			for j, v := range u.values {
-				if o.values[j] != v {
+		if o != nil && o.set == set && o.base == base && len(o.eps) == n {
+			for j := range u.eps {
+				if ap := u.eps[j].AddrPort(); o.eps[j].AddrPort() != ap {
 					lo, hi := blockRange(base, j, n)
 					sc.delElems = append(sc.delElems, elemDef{set: set, key: rangeKey(lo, hi)})
-					sc.addElems = append(sc.addElems, elemDef{set: set, key: rangeKey(lo, hi), value: v})
+					sc.addElems = append(sc.addElems, elemDef{set: set, key: rangeKey(lo, hi), value: endpointValue(f, ap)})
 				}
 			}
 			continue
 		}
 		if o != nil {
-			sc.delElems = appendRanges(sc.delElems, o.set, o.base, o.values, false)
+			sc.delElems = appendRanges(f, sc.delElems, o.set, o.base, o.eps, false)
 		}
-		sc.addElems = appendRanges(sc.addElems, set, base, u.values, true)
+		sc.addElems = appendRanges(f, sc.addElems, set, base, u.eps, true)
 	}
 	if p.in.full || old == nil {
 		return
@@ -717,19 +718,19 @@ func (p *planner) planSlots(objs *serviceObjects, old *serviceRecord, rec *servi
 	for i := range old.slots {
 		o := &old.slots[i]
 		if !sc.slotChains.Has(o.chain) {
-			sc.delElems = appendRanges(sc.delElems, o.set, o.base, o.values, false)
+			sc.delElems = appendRanges(f, sc.delElems, o.set, o.base, o.eps, false)
 		}
 	}
 }
 
-// appendRanges appends the ranges of a block holding values (with their values when
+// appendRanges appends the ranges of a block holding eps (with their endpoints when
 // withValues, for adding).
-func appendRanges(out []elemDef, set string, base uint32, values []string, withValues bool) []elemDef {
-	for j, v := range values {
-		lo, hi := blockRange(base, j, len(values))
+func appendRanges(f *family, out []elemDef, set string, base uint32, eps []model.Endpoint, withValues bool) []elemDef {
+	for j := range eps {
+		lo, hi := blockRange(base, j, len(eps))
 		e := elemDef{set: set, key: rangeKey(lo, hi)}
 		if withValues {
-			e.value = v
+			e.value = endpointValue(f, eps[j].AddrPort())
 		}
 		out = append(out, e)
 	}
@@ -737,15 +738,16 @@ func appendRanges(out []elemDef, set string, base uint32, values []string, withV
 }
 
 // planBlockAgainstKernel makes a block's ranges what a full read found wrong: a range
-// whose start (with its value) or end is missing is written again, after deleting what
+// whose start (with its endpoint) or end is missing is written again, after deleting what
 // the kernel holds of it.
-func (p *planner) planBlockAgainstKernel(set string, base uint32, values []string, sc *svcScratch) {
+func (p *planner) planBlockAgainstKernel(set string, base uint32, eps []model.Endpoint, sc *svcScratch) {
 	var kernel intervalElems
 	if s := p.base.sets[set]; s != nil {
 		kernel = s.intervals
 	}
-	for j, v := range values {
-		lo, hi := blockRange(base, j, len(values))
+	for j := range eps {
+		lo, hi := blockRange(base, j, len(eps))
+		v := endpointValue(p.f, eps[j].AddrPort())
 		start, hasStart := kernel.find(lo, false)
 		_, hasEnd := kernel.find(hi, true)
 		if hasStart && hasEnd && start.value() == v {
@@ -1101,7 +1103,7 @@ func (p *planner) keepRecord(svc types.NamespacedName, r *serviceRecord) {
 	p.putRecord(svc, r)
 	for _, sl := range r.slots {
 		if p.in.full {
-			p.wantBlock(sl.set, sl.base, len(sl.values))
+			p.wantBlock(sl.set, sl.base, len(sl.eps))
 		}
 	}
 	for _, name := range r.chains {

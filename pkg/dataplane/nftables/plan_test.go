@@ -48,8 +48,9 @@ func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 		for _, r := range k.state.services {
 			for _, sl := range r.slots {
 				if s := k.state.sets[sl.set]; s != nil {
-					for i, v := range sl.values {
-						lo, hi := blockRange(sl.base, i, len(sl.values))
+					for i, ep := range sl.eps {
+						v := endpointValue(k.cfg.f, ep.AddrPort())
+						lo, hi := blockRange(sl.base, i, len(sl.eps))
 						e := intervalElem{v: lo, dlen: uint8(len(v) - 1)}
 						copy(e.data[:], v[1:])
 						s.intervals = append(s.intervals, e, intervalElem{v: hi, end: true})

@@ -37,9 +37,9 @@ type serviceObjects struct {
 // slotUse is one chain's endpoints, to be put in the ranges of its block of an endpoint
 // map (term.set; the planner allocates the block and sets term.base).
 type slotUse struct {
-	chain  string
-	term   *dnatMap
-	values []string // the value of each range, in order (endpointValue)
+	chain string
+	term  *dnatMap
+	eps   []model.Endpoint // range i holds eps[i]
 }
 
 // buildService computes the objects of one Service from its ports, or an error when the
@@ -320,11 +320,10 @@ const cascadeMax = 64
 func endpointRules(f *family, sp *model.ServicePort, proto byte, chain string, eps []model.Endpoint, affinity bool, out *serviceObjects) []rule {
 	n := len(eps)
 	if !affinity {
-		use := slotUse{chain: chain, term: &dnatMap{set: endpointMapOf(chain)}, values: make([]string, n)}
-		for i := range eps {
-			use.values[i] = endpointValue(f, eps[i].AddrPort())
-		}
-		out.slots = append(out.slots, use)
+		// The model's endpoint list itself (immutable once published): the backend's
+		// records keep it rather than a copy of every endpoint.
+		out.slots = append(out.slots, slotUse{chain: chain, term: &dnatMap{set: endpointMapOf(chain)}, eps: eps})
+		use := &out.slots[len(out.slots)-1]
 		return []rule{{terms: []term{l4proto{proto}, use.term}}}
 	}
 	if n == 0 {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // tableState is the backend's model of its table in the kernel: what it wrote, or what a
@@ -163,12 +165,14 @@ type serviceRecord struct {
 }
 
 // slotRecord is one chain's endpoints in an endpoint map: the block at base holds
-// len(values) ranges, range i (blockRange) values[i].
+// len(eps) ranges, range i (blockRange) endpoint i.
 type slotRecord struct {
 	chain  string
 	set    string
 	base   uint32
-	values []string
+	// eps are the model's endpoint list (shared, not copied: published model values are
+	// immutable), range i holding eps[i].
+	eps []model.Endpoint
 }
 
 // fingerprint identifies the content of a chain: a 128-bit FNV-1a of the canonical bytes
