@@ -1,0 +1,75 @@
+package watch
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// decodedSlice builds an EndpointSlice as the API decoder hands it to the informer: every
+// optional field a pointer of its own, metadata as the EndpointSlice controller writes it.
+func decodedSlice(i, eps int) *discoveryv1.EndpointSlice {
+	str := func(s string) *string { return &s }
+	b := func(v bool) *bool { return &v }
+	proto := v1.ProtocolTCP
+	port := int32(8080)
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fmt.Sprintf("svc%d-abcde", i), GenerateName: fmt.Sprintf("svc%d-", i), Namespace: fmt.Sprintf("ns%d", i%50),
+			UID: types.UID(fmt.Sprintf("5f0a9d0e-0000-4000-8000-%012d", i)), ResourceVersion: fmt.Sprint(100000 + i), Generation: 1,
+			CreationTimestamp: metav1.NewTime(time.Unix(1700000000, 0)),
+			Labels: map[string]string{discoveryv1.LabelServiceName: fmt.Sprintf("svc%d", i), discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io",
+				"app": fmt.Sprintf("svc%d", i)},
+			Annotations:     map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-12-01T10:00:00Z"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: fmt.Sprintf("svc%d", i), UID: "uid"}},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: "Update", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 800)}}},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: str("http"), Protocol: &proto, Port: &port}},
+	}
+	for j := 0; j < eps; j++ {
+		k := i*eps + j
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 100+k/65536, (k/256)%256, k%256)},
+			Conditions: discoveryv1.EndpointConditions{Ready: b(true), Serving: b(true), Terminating: b(false)},
+			NodeName:   str(fmt.Sprintf("node-%d", k%500)),
+			Zone:       str(fmt.Sprintf("zone-%c", 'a'+k%3)),
+			TargetRef:  &v1.ObjectReference{Kind: "Pod", Namespace: s.Namespace, Name: fmt.Sprintf("pod-%d", k), UID: "uid"},
+		})
+	}
+	return s
+}
+
+// BenchmarkSlimmedSliceHeap reports the heap an informer cache of 10 000 slimmed
+// EndpointSlices of 10 endpoints holds (bytes per slice, after a GC).
+func BenchmarkSlimmedSliceHeap(b *testing.B) {
+	const n = 10000
+	for b.Loop() {
+		b.StopTimer()
+		runtime.GC()
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		cache := make([]any, n)
+		b.StartTimer()
+		for i := range cache {
+			o, err := slim(decodedSlice(i, 10))
+			if err != nil {
+				b.Fatal(err)
+			}
+			cache[i] = o
+		}
+		b.StopTimer()
+		runtime.GC()
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "heap-B/slice")
+		runtime.KeepAlive(cache)
+		b.StartTimer()
+	}
+}
