@@ -55,7 +55,9 @@ type Backend struct {
 
 	// applied mirrors, per Service, what the kernel holds; valid only while known.
 	applied map[types.NamespacedName]*appliedService
-	known   bool
+	// appliedNAT and appliedFilter total the rules of applied (see setApplied).
+	appliedNAT, appliedFilter int
+	known                     bool
 	// static is the fingerprint of the static rules in the kernel.
 	static   string
 	lastFull time.Time
@@ -681,14 +683,14 @@ func (b *Backend) commitUnits(us []unit, nat, filter bool) {
 	for _, u := range us {
 		if u.new == nil {
 			if nat && filter {
-				delete(b.applied, u.name)
+				b.setApplied(u.name, nil)
 				continue
 			}
 			a := &appliedService{}
 			if old := b.applied[u.name]; old != nil && !filter {
 				a.filterTop = old.filterTop
 			}
-			b.applied[u.name] = a
+			b.setApplied(u.name, a)
 			continue
 		}
 		a := appliedFrom(u.new)
@@ -700,8 +702,25 @@ func (b *Backend) commitUnits(us []unit, nat, filter bool) {
 				a.filterTop, a.ports = old.filterTop, old.ports
 			}
 		}
-		b.applied[u.name] = a
+		b.setApplied(u.name, a)
 	}
+}
+
+// setApplied records what the kernel now holds for one Service (nil: nothing), keeping
+// the rule totals up to date: a partial sync must cost what its Services cost, not a
+// walk over every Service.
+func (b *Backend) setApplied(name types.NamespacedName, a *appliedService) {
+	if old := b.applied[name]; old != nil {
+		b.appliedNAT -= old.natRules
+		b.appliedFilter -= len(old.filterTop)
+	}
+	if a == nil {
+		delete(b.applied, name)
+		return
+	}
+	b.applied[name] = a
+	b.appliedNAT += a.natRules
+	b.appliedFilter += len(a.filterTop)
 }
 
 // ---- full sync ----
@@ -847,6 +866,11 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 				}
 			}
 			b.applied, b.known, b.static, b.lastFull = applied, true, static.fingerprint(), b.opts.now()
+			b.appliedNAT, b.appliedFilter = 0, 0
+			for _, a := range applied {
+				b.appliedNAT += a.natRules
+				b.appliedFilter += len(a.filterTop)
+			}
 			if staleLater {
 				if err := b.deleteStale(ctx, stale, undeletable); err != nil {
 					return err
@@ -1068,11 +1092,8 @@ func (b *Backend) recordRuleMetrics(static *staticRules) {
 	if !b.known {
 		return
 	}
-	nat, filter := static.ruleCount(tableNAT), static.ruleCount(tableFilter)
-	for _, a := range b.applied {
-		nat += a.natRules
-		filter += len(a.filterTop)
-	}
+	nat := static.ruleCount(tableNAT) + b.appliedNAT
+	filter := static.ruleCount(tableFilter) + b.appliedFilter
 	metrics.IPTablesRulesTotal.WithLabelValues(tableNAT, fam).Set(float64(nat))
 	metrics.IPTablesRulesTotal.WithLabelValues(tableFilter, fam).Set(float64(filter))
 }

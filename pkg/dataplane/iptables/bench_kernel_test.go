@@ -231,3 +231,83 @@ func BenchmarkUpstreamStyleRestore(b *testing.B) {
 	}
 	wipeIPTables(b)
 }
+
+// BenchmarkOneChangeFloor compares, in one run and on the same table of n Services x 10
+// endpoints, sluice's one-endpoint partial sync with the floor of any such sync: one
+// iptables-restore --noflush rewriting one chain (a Service's KUBE-SVC chain, with the
+// rules it has), timed alone. Each iteration does both, alternately, so that the
+// machine's load hits them alike. In the legacy flavour every restore copies the whole
+// nat table out of the kernel and back, whatever it changes: that copy is the floor.
+// CPU times (child-cpu: the iptables programs') are the steadier figures on a shared
+// machine.
+func BenchmarkOneChangeFloor(b *testing.B) {
+	for _, f := range flavours {
+		for _, n := range []int{1000, 10000} {
+			b.Run(fmt.Sprintf("%s/%d", f, n), func(b *testing.B) {
+				st := scaleState(n, 10)
+				wipeIPTables(b)
+				be := benchBackend(b, f)
+				if res := be.Apply(context.Background(), st, full()); res.Err != nil {
+					b.Fatal(res.Err)
+				}
+				// The floor rewrites another Service's chain (the moving one's rules change
+				// with every iteration): the same size of input, the same table.
+				floor := oneChainRestore(b, f, prefixClusterPolicy+portHash("ns0/svc1:p80", "tcp"))
+				t := &tools{flavour: f, family: model.IPv4, waitSeconds: 30, cmd: execCommander{}}
+				t.iptables, t.restore, t.save = toolNames(model.IPv4, f, "")
+				var syncWall, floorWall, syncCPU, floorCPU, canaryWall time.Duration
+				restores := 0
+				for i := 0; b.Loop(); i++ {
+					next := moveOneEndpoint(st, i)
+					c0, w0 := childCPU(), time.Now()
+					res := be.Apply(context.Background(), next, changed("ns0/svc0"))
+					syncWall += time.Since(w0)
+					syncCPU += childCPU() - c0
+					if res.Err != nil || res.Full {
+						b.Fatalf("Apply: err=%v full=%v", res.Err, res.Full)
+					}
+					restores += be.LastStats().Restores
+					w0 = time.Now()
+					if _, err := be.canaryPresent(); err != nil {
+						b.Fatal(err)
+					}
+					canaryWall += time.Since(w0)
+					c0, w0 = childCPU(), time.Now()
+					if err := t.runRestore(context.Background(), floor); err != nil {
+						b.Fatal(err)
+					}
+					floorWall += time.Since(w0)
+					floorCPU += childCPU() - c0
+				}
+				per := func(d time.Duration) float64 { return d.Seconds() * 1000 / float64(b.N) }
+				b.ReportMetric(per(syncWall), "sync-ms/op")
+				b.ReportMetric(per(floorWall), "floor-ms/op")
+				b.ReportMetric(syncWall.Seconds()/floorWall.Seconds(), "sync/floor")
+				b.ReportMetric(per(syncCPU), "sync-child-cpu-ms/op")
+				b.ReportMetric(per(floorCPU), "floor-child-cpu-ms/op")
+				b.ReportMetric(float64(restores)/float64(b.N), "restores/op")
+				// The canary check every partial sync makes (an iptables run reading the
+				// mangle table), timed apart: part of sync-ms, not of floor-ms.
+				b.ReportMetric(per(canaryWall), "canary-ms/op")
+			})
+		}
+	}
+	wipeIPTables(b)
+}
+
+// oneChainRestore returns iptables-restore input that rewrites chain (of the nat table)
+// with the rules it has now.
+func oneChainRestore(b *testing.B, f Flavour, chain string) []byte {
+	var buf strings.Builder
+	buf.WriteString("*nat\n:" + chain + " - [0:0]\n")
+	for _, l := range strings.Split(run(b, "iptables-"+string(f)+"-save", "-t", "nat"), "\n") {
+		if strings.HasPrefix(l, "-A "+chain+" ") {
+			buf.WriteString(l + "\n")
+		}
+	}
+	buf.WriteString("COMMIT\n")
+	if !strings.Contains(buf.String(), "-A ") {
+		b.Fatalf("chain %s has no rules", chain)
+	}
+	return []byte(buf.String())
+}
