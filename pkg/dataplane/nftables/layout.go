@@ -174,11 +174,11 @@ func staticChains(c *layoutConfig) []chainDef {
 			comment: "masquerade clusterIP traffic from outside cluster",
 		})
 	}
-	services = append(services, rule{terms: []term{vmapAddrProtoPort{serviceIPsMap}}})
+	services = append(services, rule{terms: []term{addrProtoPortLookup{set: serviceIPsMap, vmap: true}}})
 	if c.nodePortMatchAll {
-		services = append(services, rule{terms: []term{fibLocal{daddr}, notLoopback, vmapProtoPort{serviceNodePortsMap}}})
+		services = append(services, rule{terms: []term{fibLocal{daddr}, notLoopback, protoPortLookup{set: serviceNodePortsMap, vmap: true}}})
 	} else {
-		services = append(services, rule{terms: []term{addrInSet{dir: daddr, set: nodePortIPsSet}, vmapProtoPort{serviceNodePortsMap}}})
+		services = append(services, rule{terms: []term{addrInSet{dir: daddr, set: nodePortIPsSet}, protoPortLookup{set: serviceNodePortsMap, vmap: true}}})
 	}
 
 	clusterIPsCheck := []rule{{
@@ -197,8 +197,8 @@ func staticChains(c *layoutConfig) []chainDef {
 		nodePortAddrMatch = addrInSet{dir: daddr, set: nodePortIPsSet}
 	}
 	nodePortChecks := []rule{
-		{terms: []term{nodePortAddrMatch, vmapProtoPort{noEndpointNodePortsMap}}},
-		{terms: []term{nodePortAddrMatch, protoPortInSet{rejectNodePortsSet}, gotoChain(rejectChain)}},
+		{terms: []term{nodePortAddrMatch, protoPortLookup{set: noEndpointNodePortsMap, vmap: true}}},
+		{terms: []term{nodePortAddrMatch, protoPortLookup{set: rejectNodePortsSet}, gotoChain(rejectChain)}},
 	}
 
 	out = append(out,
@@ -208,10 +208,10 @@ func staticChains(c *layoutConfig) []chainDef {
 			{terms: []term{ctStatusDNAT{}, hairpinMatch{}, masqueradeFullyRandom{}}},
 		}},
 		chainDef{name: clusterIPsCheckChain, rules: clusterIPsCheck},
-		chainDef{name: firewallCheckChain, rules: []rule{{terms: []term{vmapAddrProtoPort{firewallIPsMap}}}}},
+		chainDef{name: firewallCheckChain, rules: []rule{{terms: []term{addrProtoPortLookup{set: firewallIPsMap, vmap: true}}}}},
 		chainDef{name: serviceEndpointsCheckChain, rules: []rule{
-			{terms: []term{vmapAddrProtoPort{noEndpointServicesMap}}},
-			{terms: []term{addrProtoPortInSet{rejectServicesSet}, gotoChain(rejectChain)}},
+			{terms: []term{addrProtoPortLookup{set: noEndpointServicesMap, vmap: true}}},
+			{terms: []term{addrProtoPortLookup{set: rejectServicesSet}, gotoChain(rejectChain)}},
 		}},
 		chainDef{name: nodePortEndpointsCheckChain, rules: nodePortChecks},
 		chainDef{name: rejectChain, comment: "helper for @no-endpoint-services / @no-endpoint-nodeports",

@@ -462,57 +462,46 @@ func (masqueradeFullyRandom) compile(_ *family, c *compiled) {
 	c.exprs = append(c.exprs, &expr.Masq{FullyRandom: true})
 }
 
-// vmapAddrProtoPort is "ip daddr . meta l4proto . th dport vmap @map".
-type vmapAddrProtoPort struct{ vmap string }
-
-func (m vmapAddrProtoPort) render(f *family, b *strings.Builder) {
-	b.WriteString(f.name + " daddr . meta l4proto . th dport vmap @" + m.vmap)
+// addrProtoPortLookup is "ip daddr . meta l4proto . th dport vmap @map" (vmap) or
+// "ip daddr . meta l4proto . th dport @set".
+type addrProtoPortLookup struct {
+	set  string
+	vmap bool
 }
 
-func (m vmapAddrProtoPort) compile(f *family, c *compiled) {
+func (m addrProtoPortLookup) render(f *family, b *strings.Builder) {
+	b.WriteString(f.name + " daddr . meta l4proto . th dport " + lookupOp(m.vmap) + m.set)
+}
+
+func (m addrProtoPortLookup) compile(f *family, c *compiled) {
 	c.exprs = append(c.exprs,
 		loadAddr(f, daddr, 1, uint32(f.addrLn)),
 		loadL4Proto(f.regProtoAfterAddr),
 		loadDport(f.regPortAfterAddr),
-		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, SetName: m.vmap})
+		&expr.Lookup{SourceRegister: 1, IsDestRegSet: m.vmap, SetName: m.set})
 }
 
-// vmapProtoPort is "meta l4proto . th dport vmap @map".
-type vmapProtoPort struct{ vmap string }
-
-func (m vmapProtoPort) render(_ *family, b *strings.Builder) {
-	b.WriteString("meta l4proto . th dport vmap @" + m.vmap)
+// protoPortLookup is "meta l4proto . th dport vmap @map" (vmap) or "meta l4proto . th
+// dport @set".
+type protoPortLookup struct {
+	set  string
+	vmap bool
 }
 
-func (m vmapProtoPort) compile(_ *family, c *compiled) {
+func (m protoPortLookup) render(_ *family, b *strings.Builder) {
+	b.WriteString("meta l4proto . th dport " + lookupOp(m.vmap) + m.set)
+}
+
+func (m protoPortLookup) compile(_ *family, c *compiled) {
 	c.exprs = append(c.exprs, loadL4Proto(1), loadDport(9),
-		&expr.Lookup{SourceRegister: 1, IsDestRegSet: true, SetName: m.vmap})
+		&expr.Lookup{SourceRegister: 1, IsDestRegSet: m.vmap, SetName: m.set})
 }
 
-// addrProtoPortInSet is "ip daddr . meta l4proto . th dport @set".
-type addrProtoPortInSet struct{ set string }
-
-func (m addrProtoPortInSet) render(f *family, b *strings.Builder) {
-	b.WriteString(f.name + " daddr . meta l4proto . th dport @" + m.set)
-}
-
-func (m addrProtoPortInSet) compile(f *family, c *compiled) {
-	c.exprs = append(c.exprs,
-		loadAddr(f, daddr, 1, uint32(f.addrLn)),
-		loadL4Proto(f.regProtoAfterAddr),
-		loadDport(f.regPortAfterAddr),
-		&expr.Lookup{SourceRegister: 1, SetName: m.set})
-}
-
-// protoPortInSet is "meta l4proto . th dport @set".
-type protoPortInSet struct{ set string }
-
-func (m protoPortInSet) render(_ *family, b *strings.Builder) {
-	b.WriteString("meta l4proto . th dport @" + m.set)
-}
-
-func (m protoPortInSet) compile(_ *family, c *compiled) {
-	c.exprs = append(c.exprs, loadL4Proto(1), loadDport(9), &expr.Lookup{SourceRegister: 1, SetName: m.set})
+func lookupOp(vmap bool) string {
+	if vmap {
+		return "vmap @"
+	}
+	return "@"
 }
 
 // hairpinMatch is "ip saddr . ip daddr . meta l4proto . th dport @hairpin-connections".
@@ -787,10 +776,8 @@ func (m markSetOr) constKey() string           { return "markor/" + markString(m
 func (m markSetXor) constKey() string          { return "markxor/" + markString(m.mark) }
 func (m markAndNonZero) constKey() string      { return "markand/" + markString(m.mark) }
 func (masqueradeFullyRandom) constKey() string { return "masq" }
-func (m vmapAddrProtoPort) constKey() string   { return "vmapapp/" + m.vmap }
-func (m vmapProtoPort) constKey() string       { return "vmappp/" + m.vmap }
-func (m addrProtoPortInSet) constKey() string  { return "setapp/" + m.set }
-func (m protoPortInSet) constKey() string      { return "setpp/" + m.set }
+func (m addrProtoPortLookup) constKey() string { return "app/" + lookupOp(m.vmap) + m.set }
+func (m protoPortLookup) constKey() string     { return "pp/" + lookupOp(m.vmap) + m.set }
 func (hairpinMatch) constKey() string          { return "hairpin" }
 func (rejectTerm) constKey() string            { return "reject" }
 func (m fibLocal) constKey() string            { return "fiblocal/" + m.dir.String() }

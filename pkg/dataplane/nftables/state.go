@@ -167,9 +167,9 @@ type serviceRecord struct {
 // slotRecord is one chain's endpoints in an endpoint map: the block at base holds
 // len(eps) ranges, range i (blockRange) endpoint i.
 type slotRecord struct {
-	chain  string
-	set    string
-	base   uint32
+	chain string
+	set   string
+	base  uint32
 	// eps are the model's endpoint list (shared, not copied: published model values are
 	// immutable), range i holding eps[i].
 	eps []model.Endpoint
