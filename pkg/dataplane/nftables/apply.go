@@ -196,7 +196,14 @@ func groupSize(g *group) (int, int) {
 // and splitting the batch when a rejection cannot be attributed. It marks the groups
 // the kernel took as applied.
 func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult) {
+	// The first try of a batch puts its endpoint map additions last (deferredOp). When the
+	// kernel rejects it, the batch is sent again in plan order before anyone is blamed: a
+	// rejection at commit is replayed message by message, and a message validating the
+	// table after the culprit's would be blamed too.
+	defer1 := true
 	for len(groups) > 0 && res.err == nil {
+		deferElems := defer1
+		defer1 = false
 		enc := newEncoder(a.f)
 		enc.b.buf = getBatchBuffer(64 << 10)
 		var where []opRef
@@ -209,7 +216,7 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 		}
 		for gi, g := range groups {
 			for oi := range g.ops {
-				if !deferredOp(&g.ops[oi]) {
+				if !deferElems || !deferredOp(&g.ops[oi]) {
 					encode(gi, &g.ops[oi])
 				}
 			}
@@ -221,7 +228,7 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 		}
 		for gi, g := range groups {
 			for oi := range g.ops {
-				if deferredOp(&g.ops[oi]) {
+				if deferElems && deferredOp(&g.ops[oi]) {
 					encode(gi, &g.ops[oi])
 				}
 			}
@@ -238,6 +245,9 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 				g.applied = true
 			}
 			return
+		}
+		if deferElems {
+			continue // again, in plan order, to find the culprits
 		}
 		// Which groups did the kernel object to?
 		bad := map[int]error{}
