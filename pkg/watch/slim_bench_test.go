@@ -73,3 +73,24 @@ func BenchmarkSlimmedSliceHeap(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// TestSlimSharesValuesAndKeepsThem: two decoded slices come out of slim sharing their
+// node names, zones and conditions, with the values they had.
+func TestSlimSharesValuesAndKeepsThem(t *testing.T) {
+	a, _ := slim(decodedSlice(0, 3))
+	b, _ := slim(decodedSlice(0, 3))
+	sa, sb := a.(*discoveryv1.EndpointSlice), b.(*discoveryv1.EndpointSlice)
+	for i := range sa.Endpoints {
+		ea, eb := &sa.Endpoints[i], &sb.Endpoints[i]
+		if ea.NodeName != eb.NodeName || ea.Zone != eb.Zone || ea.Conditions.Ready != eb.Conditions.Ready {
+			t.Errorf("endpoint %d: pointers not shared", i)
+		}
+		if *ea.NodeName != fmt.Sprintf("node-%d", i) || *ea.Zone != fmt.Sprintf("zone-%c", 'a'+i%3) ||
+			!*ea.Conditions.Ready || !*ea.Conditions.Serving || *ea.Conditions.Terminating {
+			t.Errorf("endpoint %d changed: %+v", i, ea)
+		}
+	}
+	if *sa.Ports[0].Name != "http" || *sa.Ports[0].Protocol != v1.ProtocolTCP || sa.Ports[0].Protocol != sb.Ports[0].Protocol {
+		t.Errorf("ports: %+v", sa.Ports[0])
+	}
+}
