@@ -2,6 +2,8 @@ package nftables
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 )
@@ -36,10 +38,12 @@ func driftOf(prev, read *tableState) *dataplane.Drift {
 			d.Add("set", name+" deleted")
 			continue
 		}
-		want := prev.sets[name].elems
 		if isEndpointMap(name) {
-			want = slots[name]
-		} else if want == nil {
+			diffIntervals(d, name, slots[name], rs.intervals)
+			continue
+		}
+		want := prev.sets[name].elems
+		if want == nil {
 			continue
 		}
 		diffElements(d, name, want, rs.elems)
@@ -52,22 +56,65 @@ func driftOf(prev, read *tableState) *dataplane.Drift {
 	return d
 }
 
-// slotContents is what the endpoint maps hold according to the Services' slot records.
-func slotContents(st *tableState) map[string]map[string]string {
-	out := map[string]map[string]string{}
+// slotContents is what the endpoint maps hold according to the Services' slot records,
+// in the form and order a full read gives them (fixed-size elements, not a map: they are
+// two per endpoint).
+func slotContents(st *tableState) map[string]intervalElems {
+	out := map[string]intervalElems{}
 	for _, rec := range st.services {
 		for _, sl := range rec.slots {
-			m := out[sl.set]
-			if m == nil {
-				m = map[string]string{}
-				out[sl.set] = m
-			}
-			for j, v := range sl.values {
-				m[slotKey(sl.base+uint32(j))] = v
+			for j, ep := range sl.eps {
+				lo, hi := blockRange(sl.base, j, len(sl.eps))
+				out[sl.set] = append(out[sl.set], intervalStart(lo, ep.AddrPort()), intervalElem{v: hi, end: true})
 			}
 		}
 	}
+	for _, es := range out {
+		slices.SortFunc(es, compareIntervalElems)
+	}
 	return out
+}
+
+// intervalStart is the start element of a range at v holding endpoint ap, as the kernel
+// stores it (address . port, each padded to 4 bytes).
+func intervalStart(v uint32, ap netip.AddrPort) intervalElem {
+	e := intervalElem{v: v}
+	a := ap.Addr().Unmap()
+	n := copy(e.data[:], a.AsSlice())
+	e.data[n], e.data[n+1] = byte(ap.Port()>>8), byte(ap.Port())
+	e.dlen = uint8(n + 4)
+	return e
+}
+
+// diffIntervals adds the elements of an endpoint map that differ between want and got
+// (both sorted by compareIntervalElems).
+func diffIntervals(d *dataplane.Drift, set string, want, got intervalElems) {
+	i, j := 0, 0
+	for i < len(want) || j < len(got) {
+		var c int
+		switch {
+		case i == len(want):
+			c = 1
+		case j == len(got):
+			c = -1
+		default:
+			c = compareIntervalElems(want[i], got[j])
+		}
+		switch {
+		case c < 0:
+			d.Add("element", fmt.Sprintf("%x of %s deleted", want[i].key(), set))
+			i++
+		case c > 0:
+			d.Add("element", fmt.Sprintf("%x of %s added", got[j].key(), set))
+			j++
+		default:
+			if want[i].value() != got[j].value() {
+				d.Add("element", fmt.Sprintf("%x of %s changed", want[i].key(), set))
+			}
+			i++
+			j++
+		}
+	}
 }
 
 // diffElements adds the elements of set that differ between want and got.
