@@ -6,11 +6,22 @@
 # result must be static and report VERSION; the packages installed must provide every
 # program sluice executes.
 
-ARG GO_VERSION=1.26.8
-# The runtime's Debian release, also used for the build stage so that both agree.
-ARG DEBIAN_RELEASE=bookworm
+# Base images are pinned by digest: a tag is moved by every rebuild of the official image, a
+# digest names exactly the bytes this file was checked with, so a rebuild of the same commit
+# gets the same toolchain and the same runtime packages. The tag stays in front of the digest
+# for readers (the registry resolves the digest alone). Both stages use the same Debian
+# release. test/deploy checks all of this.
+#
+# To update one, pick the tag (a Go patch release, or the same tag to take a Debian rebuild),
+# read the digest of its multi-platform index, and replace tag and digest together:
+#
+#   docker buildx imagetools inspect golang:1.26.8-bookworm   # "Digest:" line
+#   crane digest debian:bookworm-slim                         # the same, with go-containerregistry
+#
+# (docker-library/repo-info's repos/<image>/remote/<tag>.md lists the same digests.) The Go
+# release must satisfy go.mod's go line.
 
-FROM golang:${GO_VERSION}-${DEBIAN_RELEASE} AS build
+FROM golang:1.26.8-bookworm@sha256:a688600ca24f8a4d3ca77f95b0dd40704a9fc787c826660eb7ba0b641b8b175d AS build
 WORKDIR /src
 # Modules first: this layer is reused while go.mod and go.sum do not change.
 COPY go.mod go.sum ./
@@ -22,7 +33,7 @@ ARG VERSION=dev
 # reproducible paths, the version stamped in. Keep in one line: test/deploy runs it.
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X github.com/sluiceproxy/sluice/pkg/version.Version=${VERSION}" -o /out/sluice ./cmd/sluice
 
-FROM debian:${DEBIAN_RELEASE}-slim
+FROM debian:bookworm-slim@sha256:7c7b2c966bc9ee8cedfeef67e0e279108992c77681fa595db4a9d65c06ccc587
 ARG VERSION=dev
 LABEL org.opencontainers.image.title="sluice" \
       org.opencontainers.image.description="A drop-in replacement for kube-proxy" \

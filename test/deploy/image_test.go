@@ -64,18 +64,77 @@ func readDockerfile(t *testing.T) []instruction {
 	return out
 }
 
-// dockerArg returns the default of a global or stage ARG.
-func dockerArg(t *testing.T, ins []instruction, name string) string {
+// baseImage is the image reference of one FROM instruction.
+type baseImage struct {
+	repo, tag, digest string
+	line              int
+}
+
+// imageRef is a pinned reference: repository, tag and the sha256 digest of what the tag
+// named when it was pinned.
+var imageRef = regexp.MustCompile(`^([a-z0-9]+(?:[._/-][a-z0-9]+)*):([A-Za-z0-9_][A-Za-z0-9._-]*)@(sha256:[0-9a-f]{64})$`)
+
+// baseImages returns the Dockerfile's base images (FROM lines naming an earlier stage are
+// not images), failing the test for one that is not pinned by digest.
+func baseImages(t *testing.T, ins []instruction) []baseImage {
 	t.Helper()
+	stages := map[string]bool{}
+	var out []baseImage
 	for _, in := range ins {
-		if in.cmd == "ARG" {
-			if k, v, ok := strings.Cut(in.args, "="); ok && k == name {
-				return v
+		if in.cmd != "FROM" {
+			continue
+		}
+		words := strings.Fields(in.args)
+		for len(words) > 0 && strings.HasPrefix(words[0], "--") {
+			words = words[1:] // --platform=...
+		}
+		if len(words) == 0 {
+			t.Fatalf("Dockerfile line %d: FROM without an image", in.line)
+		}
+		from := words[0]
+		fromStage := stages[from]
+		if len(words) == 3 && strings.EqualFold(words[1], "AS") {
+			stages[words[2]] = true
+		}
+		if fromStage {
+			continue
+		}
+		m := imageRef.FindStringSubmatch(from)
+		if m == nil {
+			t.Errorf("Dockerfile line %d: FROM %s is not pinned as IMAGE:TAG@sha256:DIGEST (a tag alone changes under every rebuild; see the Dockerfile's header for how to read the digest)", in.line, from)
+			continue
+		}
+		out = append(out, baseImage{repo: m[1], tag: m[2], digest: m[3], line: in.line})
+	}
+	return out
+}
+
+// goImageAndRelease returns the Go version and the Debian release of the build stage's
+// golang:VERSION-RELEASE image, and the release of the runtime's debian:RELEASE-slim.
+func goImageAndRelease(t *testing.T) (goVersion, buildRelease, runtimeRelease string) {
+	t.Helper()
+	for _, img := range baseImages(t, readDockerfile(t)) {
+		switch img.repo {
+		case "golang":
+			v, rel, ok := strings.Cut(img.tag, "-")
+			if !ok {
+				t.Fatalf("Dockerfile line %d: golang:%s does not name a Debian release (want golang:VERSION-RELEASE)", img.line, img.tag)
 			}
+			goVersion, buildRelease = v, rel
+		case "debian":
+			rel, ok := strings.CutSuffix(img.tag, "-slim")
+			if !ok {
+				t.Fatalf("Dockerfile line %d: debian:%s is not a -slim tag", img.line, img.tag)
+			}
+			runtimeRelease = rel
+		default:
+			t.Errorf("Dockerfile line %d: unexpected base image %s", img.line, img.repo)
 		}
 	}
-	t.Fatalf("Dockerfile has no ARG %s with a default", name)
-	return ""
+	if goVersion == "" || runtimeRelease == "" {
+		t.Fatalf("want a golang build stage and a debian runtime stage; got Go %q, Debian %q", goVersion, runtimeRelease)
+	}
+	return goVersion, buildRelease, runtimeRelease
 }
 
 // shellWords splits a simple shell command line: words separated by blanks, with single
@@ -211,9 +270,47 @@ func TestDockerfileGoVersionSatisfiesGoMod(t *testing.T) {
 	if m == nil {
 		t.Fatal("go.mod has no go line")
 	}
-	image := dockerArg(t, readDockerfile(t), "GO_VERSION")
+	image, _, _ := goImageAndRelease(t)
 	if compareVersions(image, string(m[1])) < 0 {
 		t.Errorf("the Dockerfile builds with Go %s; go.mod needs %s", image, m[1])
+	}
+}
+
+// TestDockerfilePinsBaseImagesByDigest: every base image is IMAGE:TAG@sha256:DIGEST, the
+// build and runtime stages share a Debian release (the binary is static, but the two
+// should move together), and the file says how to read a new digest.
+func TestDockerfilePinsBaseImagesByDigest(t *testing.T) {
+	ins := readDockerfile(t)
+	if got := len(baseImages(t, ins)); got != 2 {
+		t.Errorf("want 2 pinned base images (build and runtime), got %d", got)
+	}
+	_, build, runtime := goImageAndRelease(t)
+	if build != runtime {
+		t.Errorf("the build stage is Debian %s, the runtime %s: keep them on one release", build, runtime)
+	}
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "imagetools inspect") {
+		t.Error("the Dockerfile does not say how to read a new digest (docker buildx imagetools inspect IMAGE:TAG)")
+	}
+}
+
+func TestImageRefParsing(t *testing.T) {
+	digest := "sha256:" + strings.Repeat("0a", 32)
+	for ref, ok := range map[string]bool{
+		"golang:1.26.8-bookworm@" + digest:        true,
+		"debian:bookworm-slim@" + digest:          true,
+		"registry.k8s.io/pause:3.10@" + digest:    true,
+		"golang:1.26.8-bookworm":                  false, // tag only
+		"golang@" + digest:                        false, // digest only: no tag for readers
+		"golang:1.26.8-bookworm@sha256:abc":       false, // short digest
+		"golang:${GO_VERSION}-bookworm@" + digest: false, // ARG: the tag would not match the digest
+	} {
+		if got := imageRef.MatchString(ref); got != ok {
+			t.Errorf("imageRef.MatchString(%q) = %v, want %v", ref, got, ok)
+		}
 	}
 }
 
@@ -365,7 +462,7 @@ func TestImageInstallsEveryProgramSluiceRuns(t *testing.T) {
 
 	// Does Debian's iptables package provide every program? Only answerable on the same
 	// Debian release as the image's.
-	release := dockerArg(t, ins, "DEBIAN_RELEASE")
+	_, _, release := goImageAndRelease(t)
 	osRelease, err := os.ReadFile("/etc/os-release")
 	if err != nil || !strings.Contains(string(osRelease), "VERSION_CODENAME="+release+"\n") {
 		t.Skipf("this machine is not Debian %s; cannot list the image's package contents", release)
