@@ -77,6 +77,9 @@ func Run(ctx context.Context, o *config.Options) error {
 	}
 	defer broadcaster.Shutdown()
 	reporter := events.NewReporter(broadcaster.Recorder(), e.NodeName, 0)
+	if err := electEventReporters(ctx, o, reporter); err != nil {
+		return err
+	}
 
 	w, err := watch.New(client, e.NodeName, e.ConfigSyncPeriod)
 	if err != nil {

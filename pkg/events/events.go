@@ -4,9 +4,13 @@
 // that a health check port could not be opened.
 //
 // Events are written by client-go's events broadcaster (tools/events) with reporting
-// controller "sluice". Warnings about one Service are rate-limited by Reporter: at most one
-// per Service and reason per interval, because the sync loop retries a failing Service on
-// every sync and must not flood the API with Events.
+// controller "sluice". Reporter bounds the Warnings about Services, because sluice runs on
+// every node and the sync loop retries a failing Service on every sync: at most one per
+// Service and reason per interval; per node, a budget for the node's own failures and one
+// for bad input, each with a summary Event on the Node for what it held back; and the
+// invalid fields of a Service, which every node sees alike, reported by one node per
+// Service (elected by rendezvous hashing over the cluster's Nodes). Every node still logs
+// and counts in metrics everything it finds; Events are the short version for kubectl.
 package events
 
 import (
