@@ -45,7 +45,8 @@ or no Service matches. PROTO is tcp (default), udp or sctp; an IPv6 destination 
 With one argument, NAMESPACE/NAME, it explains every port of that Service instead: its Cluster
 and Local endpoint lists with a reason for every endpoint, and what each kind of client gets.
 
-By default it reads the live state from a running sluice (--server, its metricsBindAddress),
+By default it reads the live state from the sluice running on this node (--server: 127.0.0.1
+at its metricsBindAddress port; the state answers loopback clients only),
 with its configuration from /configz. Offline, -f reads Services, EndpointSlices, Nodes (and
 ServiceCIDRs) as "kubectl get -o yaml" prints them (a List or several documents; "-" is stdin)
 and computes the state the daemon would for --node, with the configuration from --config or

@@ -31,7 +31,8 @@ const (
 )
 
 // defaultServer is where the daemon serves /debug/sluice/state by default: its
-// metricsBindAddress, 127.0.0.1:10249.
+// metricsBindAddress, 127.0.0.1:10249; with another address, 127.0.0.1 at its port still
+// answers (app.DebugPathPrefix pages answer loopback clients only).
 const defaultServer = "http://127.0.0.1:10249"
 
 // exitCodeError ends the command line with a given exit code. With a nil err nothing more
@@ -57,7 +58,7 @@ type serverFlags struct {
 }
 
 func (f *serverFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.server, "server", defaultServer, "URL of the sluice daemon's metrics server (its metricsBindAddress), which serves "+app.StatePath)
+	cmd.Flags().StringVar(&f.server, "server", defaultServer, "URL of the sluice daemon's metrics server on this node's loopback (its metricsBindAddress port), which serves "+app.StatePath+" to loopback clients only")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon's answer")
 }
 
@@ -83,7 +84,7 @@ func (f *serverFlags) fetch(ctx context.Context, path string) ([]byte, error) {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, &exitCodeError{exitUnreachable, fmt.Errorf("cannot reach sluice at %s: %w\n"+
-			"Is sluice running on this node, and is --server its metricsBindAddress (default 127.0.0.1:10249)? "+
+			"Is sluice running on this node, and is --server 127.0.0.1 at its metricsBindAddress port (default 127.0.0.1:10249)? "+
 			"For a node in a network namespace, run the command inside it (ip netns exec NETNS sluice ...)", url, err)}
 	}
 	defer resp.Body.Close()
@@ -93,8 +94,11 @@ func (f *serverFlags) fetch(ctx context.Context, path string) ([]byte, error) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		hint := ""
-		if resp.StatusCode == http.StatusNotFound {
+		switch resp.StatusCode {
+		case http.StatusNotFound:
 			hint = " (is this sluice? kube-proxy has no state endpoint)"
+		case http.StatusForbidden:
+			hint = " (sluice answers " + app.StatePath + " only over loopback: run this on the node, for example with kubectl exec in the sluice pod, against 127.0.0.1)"
 		}
 		return nil, &exitCodeError{exitUnreachable, fmt.Errorf("%s answered %s%s", url, resp.Status, hint)}
 	}

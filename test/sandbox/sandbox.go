@@ -382,15 +382,16 @@ func (s *Sandbox) Describe(w io.Writer) error {
 	server := func(n *topology.Node) string {
 		return fmt.Sprintf("http://%s", netip.AddrPortFrom(n.APIAddress, metricsPort))
 	}
-	b.WriteString("\nWhere to look (paste into this machine's shell; each node's sluice answers on its API link):\n")
+	b.WriteString("\nWhere to look (paste into this machine's shell; each node's metrics and health answer on its API link,\n" +
+		"its state page only over the node's loopback, so status and explain run inside the node):\n")
 	for _, n := range s.topo.Nodes {
-		fmt.Fprintf(&b, "  %-16s %s/metrics  %s/debug/sluice/state  http://%s/healthz\n", n.Name+":", server(n), server(n), netip.AddrPortFrom(n.APIAddress, healthzPort))
+		fmt.Fprintf(&b, "  %-16s %s/metrics  http://%s/healthz\n", n.Name+":", server(n), netip.AddrPortFrom(n.APIAddress, healthzPort))
 	}
-	fmt.Fprintf(&b, "  %-16s %s status --server %s\n", "sluice status:", sluiceBin, server(nodeA))
-	fmt.Fprintf(&b, "  %-16s ip netns exec %s %s status    # inside the node: the default --server 127.0.0.1:%d\n", "", nodeB.NetNS, sluiceBin, metricsPort)
-	fmt.Fprintf(&b, "  %-16s %s explain --server %s %s 192.0.2.11:80\n", "sluice explain:", sluiceBin, server(nodeA), ext.IPv4)
-	fmt.Fprintf(&b, "  %-16s %s explain --server %s %s %s:30082\n", "", sluiceBin, server(nodeB), ext.IPv4, nodeB.IPv4)
-	fmt.Fprintf(&b, "  %-16s %s explain --server %s demo/web-local\n", "", sluiceBin, server(nodeA))
+	fmt.Fprintf(&b, "  %-16s ip netns exec %s %s status    # the default --server 127.0.0.1:%d\n", "sluice status:", nodeA.NetNS, sluiceBin, metricsPort)
+	fmt.Fprintf(&b, "  %-16s ip netns exec %s curl -s 127.0.0.1:%d/debug/sluice/state\n", "the state page:", nodeB.NetNS, metricsPort)
+	fmt.Fprintf(&b, "  %-16s ip netns exec %s %s explain %s 192.0.2.11:80\n", "sluice explain:", nodeA.NetNS, sluiceBin, ext.IPv4)
+	fmt.Fprintf(&b, "  %-16s ip netns exec %s %s explain %s %s:30082\n", "", nodeB.NetNS, sluiceBin, ext.IPv4, nodeB.IPv4)
+	fmt.Fprintf(&b, "  %-16s ip netns exec %s %s explain demo/web-local\n", "", nodeA.NetNS, sluiceBin)
 	fmt.Fprintf(&b, "  %-16s ip netns exec %s %s\n", "the rules:", nodeA.NetNS, s.rulesCommand())
 	if name, port := healthCheckNodePort(s.svcs); port != 0 {
 		for i, n := range s.topo.Nodes {

@@ -147,7 +147,7 @@ func TestSandboxOnceShowsEveryServiceAndLeavesNothing(t *testing.T) {
 				t.Fatalf("hack/demo.sh up --once: %v\n%s", err, stderr.String())
 			}
 			checkTraffic(t, out)
-			for _, want := range []string{"sluice sandbox, " + mode + " mode", "status --server http://169.254.", "explain --server http://169.254.",
+			for _, want := range []string{"sluice sandbox, " + mode + " mode", "sluice status    # the default --server 127.0.0.1", "sluice explain demo/web-local",
 				"export KUBECONFIG=" + runDir + "/kubeconfig", "Torn down in"} {
 				if !strings.Contains(out, want) {
 					t.Errorf("the output lacks %q", want)
