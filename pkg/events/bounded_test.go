@@ -94,7 +94,7 @@ func TestOneNodePerServiceReportsInvalidFields(t *testing.T) {
 		name := serviceName(i).String()
 		if got := perService[name]; len(got) != 1 {
 			t.Errorf("%s reported by %v, want exactly one node", name, got)
-		} else if want := electedNode(name, slices.Values(names)); got[0] != want {
+		} else if want := ElectedNode(name, slices.Values(names)); got[0] != want {
 			t.Errorf("%s reported by %s, want its elected node %s", name, got[0], want)
 		}
 	}
@@ -117,12 +117,12 @@ func TestElectionMovesOnlyTheServicesOfALeavingNode(t *testing.T) {
 	before := map[string]string{}
 	for i := range 2000 {
 		key := serviceName(i).String()
-		before[key] = electedNode(key, slices.Values(names))
+		before[key] = ElectedNode(key, slices.Values(names))
 	}
 	gone := names[17]
 	rest := slices.Delete(slices.Clone(names), 17, 18)
 	for key, was := range before {
-		now := electedNode(key, slices.Values(rest))
+		now := ElectedNode(key, slices.Values(rest))
 		if was != gone && now != was {
 			t.Errorf("%s moved from %s to %s although %s left", key, was, now, gone)
 		}
@@ -130,7 +130,7 @@ func TestElectionMovesOnlyTheServicesOfALeavingNode(t *testing.T) {
 			t.Errorf("%s still elects %s, which left", key, gone)
 		}
 	}
-	if electedNode("ns/a", slices.Values([]string(nil))) != "" {
+	if ElectedNode("ns/a", slices.Values([]string(nil))) != "" {
 		t.Error("an empty electorate elected a node")
 	}
 }

@@ -15,14 +15,14 @@ type Electorate interface {
 	Nodes() iter.Seq[string]
 }
 
-// electedNode returns the node that reports about key ("namespace/name" of a Service):
+// ElectedNode returns the node that reports about key ("namespace/name" of a Service):
 // the one with the highest rendezvous score, ties going to the smaller name. It returns ""
 // when nodes is empty.
 //
 // Rendezvous (highest random weight) hashing needs no coordination: every node computes
 // the same winner from the same set of names, and a node joining or leaving moves only the
 // keys it wins or won, so the Services whose Events another node writes stay with it.
-func electedNode(key string, nodes iter.Seq[string]) string {
+func ElectedNode(key string, nodes iter.Seq[string]) string {
 	var best string
 	var bestScore uint64
 	for n := range nodes {

@@ -102,7 +102,7 @@ func newReporter(recorder events.EventRecorder, nodeName string, interval time.D
 }
 
 // SetElectorate makes the Reporter write InvalidService Events only for the Services
-// whose elected node (see electedNode) is this one. Until the electorate HasSynced, such
+// whose elected node (see ElectedNode) is this one. Until the electorate HasSynced, such
 // reports are kept (up to maxDeferred) and FlushDeferred writes those this node won: call
 // it once the electorate has synced. Call SetElectorate before the first report.
 func (r *Reporter) SetElectorate(e Electorate) {
@@ -180,7 +180,7 @@ func (r *Reporter) electedFor(name types.NamespacedName, problems []model.Proble
 		}
 		return false, false
 	}
-	return true, electedNode(name.String(), r.electorate.Nodes()) == r.node.Name
+	return true, ElectedNode(name.String(), r.electorate.Nodes()) == r.node.Name
 }
 
 // ServiceHealthCheckFailed reports that the healthCheckNodePort of Service name could not
