@@ -195,7 +195,7 @@ func (r *Reporter) ServiceHealthCheckFailed(name types.NamespacedName, port int3
 // with action "StartSluice"), rate-limited per reason. It returns whether an Event was
 // written.
 func (r *Reporter) NodeWarning(reason, message string) bool {
-	if !r.allow(eventKey{reason: reason}) {
+	if !r.allow(eventKey{reason: reason}, r.clock.Now()) {
 		return false
 	}
 	r.recorder.Eventf(r.node, nil, v1.EventTypeWarning, reason, actionStart, "%s", truncate(message))
@@ -230,11 +230,12 @@ func (r *Reporter) serviceWarning(name types.NamespacedName, reason, action stri
 // per-Service limit, so that a Service failing on every sync is counted once in the
 // summary, and that summary is scheduled here.
 func (r *Reporter) allowWithin(k eventKey, b *budget) bool {
-	if !r.allow(k) {
+	now := r.clock.Now()
+	if !r.allow(k, now) {
 		return false
 	}
 	r.mu.Lock()
-	ok, schedule := b.allowLocked(r.clock.Now(), k.reason, k.service.String())
+	ok, schedule := b.allowLocked(now, k.reason, k.service.String())
 	r.mu.Unlock()
 	if schedule {
 		r.clock.AfterFunc(summaryInterval, func() { r.writeSummary(b) })
@@ -252,11 +253,12 @@ func (r *Reporter) writeSummary(b *budget) {
 	}
 }
 
-// allow reports whether an Event for k may be written now, and if so records it.
-func (r *Reporter) allow(k eventKey) bool {
+// allow reports whether an Event for k may be written now, and if so records it. now is
+// read by the caller before taking mu: a clock may run AfterFunc callbacks, which take mu,
+// under its own lock (the fake clock does), so mu must never be held while calling it.
+func (r *Reporter) allow(k eventKey, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.clock.Now()
 	r.sweepLocked(now)
 	if last, ok := r.lastSent[k]; ok && now.Sub(last) < r.interval {
 		return false
