@@ -75,8 +75,10 @@ func tooMany(w http.ResponseWriter, retryAfter time.Duration) {
 }
 
 // stateCache serves the state page from a report built at most once per sync: building
-// it copies and renders every Service of every family (see BenchmarkStatePage), which a
-// client polling the page must not be able to repeat at will.
+// it copies and renders every Service of every family (see BenchmarkStatePage: 68 MB of
+// JSON and seconds of CPU at 10 000 Services), which a client polling the page must not be
+// able to repeat at will. A body nobody asked for during stateMaxAge is dropped, so that
+// one `sluice status` does not pin its size in memory for the life of the process.
 //
 // The sync loop's status identifies a sync: it changes (syncs counter, times, errors,
 // failed Services) at the end of every sync, after the tracker's state changed, and the
@@ -93,6 +95,9 @@ type stateCache struct {
 	body     []byte
 	builtFor []syncloop.FamilyStatus
 	builtAt  time.Time
+	lastUsed time.Time
+	// release is pending while a body is kept.
+	release *time.Timer
 }
 
 func newStateCache(status func() []syncloop.FamilyStatus, encode func([]syncloop.FamilyStatus) ([]byte, error), c clock.PassiveClock) *stateCache {
@@ -104,6 +109,7 @@ func (c *stateCache) get() ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.clock.Now()
+	c.lastUsed = now
 	age := now.Sub(c.builtAt)
 	if c.body != nil && age < stateMinAge {
 		return c.body, nil
@@ -117,7 +123,22 @@ func (c *stateCache) get() ([]byte, error) {
 		return nil, err
 	}
 	c.body, c.builtFor, c.builtAt = body, status, now
+	if c.release == nil {
+		c.release = time.AfterFunc(stateMaxAge, c.dropIfIdle)
+	}
 	return body, nil
+}
+
+// dropIfIdle drops the body if it was not asked for during stateMaxAge, and otherwise
+// looks again when it will have been.
+func (c *stateCache) dropIfIdle() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if idle := c.clock.Since(c.lastUsed); idle < stateMaxAge {
+		c.release.Reset(stateMaxAge - idle)
+		return
+	}
+	c.body, c.builtFor, c.release = nil, nil, nil
 }
 
 func (c *stateCache) ServeHTTP(w http.ResponseWriter, r *http.Request) {

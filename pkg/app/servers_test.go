@@ -361,6 +361,21 @@ func TestStateCacheBuildsOncePerSync(t *testing.T) {
 			t.Errorf("%s: got %q, want %q", st.what, got, st.want)
 		}
 	}
+
+	// Idle: the body is dropped (its timer runs on the real clock; call it at once).
+	c.dropIfIdle() // just used: kept
+	if c.body == nil {
+		t.Error("a body in use was dropped")
+	}
+	fake.SetTime(fake.Now().Add(stateMaxAge))
+	c.dropIfIdle()
+	if c.body != nil {
+		t.Error("a body nobody asked for during stateMaxAge was kept")
+	}
+	if got := get(); got != "syncs=2 build=4" {
+		t.Errorf("after the drop: got %q, want a new build", got)
+	}
+	c.release.Stop()
 }
 
 func TestLimitConcurrency(t *testing.T) {
@@ -401,4 +416,65 @@ func TestLimitConcurrency(t *testing.T) {
 	if code, _ := get(); code != http.StatusOK {
 		t.Errorf("a request after the others ended: %d", code)
 	}
+}
+
+// BenchmarkStatePage measures what a request of the state page costs at 10 000 Services
+// (10 endpoints each, one family): "build" is what every request cost before the cache
+// (copying the tracker's state, the view, the JSON), "cached" what a request costs while no
+// sync has ended since the last build (a look at the sync loop's status). Report the ratio.
+func BenchmarkStatePage(b *testing.B) {
+	const services = 10000
+	src := newMapSource()
+	s, tr, loop := testServers(b, src, "127.0.0.1:10249", false)
+	for i := range services {
+		src.add(tr, "ns", i, 10)
+	}
+	tr.OnServicesSynced()
+	tr.OnEndpointSlicesSynced()
+	ctx, cancel := context.WithCancel(b.Context())
+	done := make(chan error, 1)
+	go func() { done <- loop.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	loop.Request()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if st := loop.Status(); len(st) == 1 && st[0].Syncs > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("no sync within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	body, err := s.encodeReport(loop.Status())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var r StatusReport
+	if err := json.Unmarshal(body, &r); err != nil || len(r.Families[0].State.Services) != services {
+		b.Fatalf("the report has %d Service ports (err %v), want %d", len(r.Families[0].State.Services), err, services)
+	}
+	b.Logf("report: %d bytes", len(body))
+
+	b.Run("build", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := s.encodeReport(loop.Status()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("cached", func(b *testing.B) {
+		cache := newStateCache(loop.Status, s.encodeReport, clock.RealClock{})
+		if _, err := cache.get(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(stateMinAge) // past the minimum age: every request compares the status
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := cache.get(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
