@@ -87,8 +87,11 @@ func tooMany(w http.ResponseWriter, retryAfter time.Duration) {
 // and is replaced at the next request.
 type stateCache struct {
 	status func() []syncloop.FamilyStatus
+	// encode renders the cached part of the page for a status.
 	encode func([]syncloop.FamilyStatus) ([]byte, error)
-	clock  clock.PassiveClock
+	// tail renders what follows the cached part, at each request (nil: nothing).
+	tail  func() ([]byte, error)
+	clock clock.PassiveClock
 
 	// mu serialises builds: concurrent requests wait for the one build and share it.
 	mu       sync.Mutex
@@ -100,11 +103,11 @@ type stateCache struct {
 	release *time.Timer
 }
 
-func newStateCache(status func() []syncloop.FamilyStatus, encode func([]syncloop.FamilyStatus) ([]byte, error), c clock.PassiveClock) *stateCache {
-	return &stateCache{status: status, encode: encode, clock: c}
+func newStateCache(status func() []syncloop.FamilyStatus, encode func([]syncloop.FamilyStatus) ([]byte, error), tail func() ([]byte, error), c clock.PassiveClock) *stateCache {
+	return &stateCache{status: status, encode: encode, tail: tail, clock: c}
 }
 
-// get returns the current report's body, building it if needed.
+// get returns the cached part of the page, building it if needed.
 func (c *stateCache) get() ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -143,6 +146,10 @@ func (c *stateCache) dropIfIdle() {
 
 func (c *stateCache) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := c.get()
+	var tail []byte
+	if err == nil && c.tail != nil {
+		tail, err = c.tail()
+	}
 	if err != nil {
 		klog.FromContext(r.Context()).Error(err, "Building the state page failed")
 		http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -150,6 +157,9 @@ func (c *stateCache) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	_, _ = w.Write(body)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)+len(tail)))
+	// Two writes: the cached part is not copied.
+	if _, err := w.Write(body); err == nil {
+		_, _ = w.Write(tail)
+	}
 }

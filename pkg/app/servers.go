@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -104,7 +105,8 @@ type servers struct {
 }
 
 // report builds a StatusReport from the tracker's current state and status, the sync
-// loop's status of each family.
+// loop's status of each family, without Conntrack: the state page reads that at each
+// request (see reportTail), the rest once per sync.
 func (s *servers) report(status []syncloop.FamilyStatus) StatusReport {
 	r := StatusReport{Schema: StatusReportSchema, Node: s.options.Effective.NodeName, Mode: string(s.options.Effective.Mode), Backend: string(s.mode)}
 	byFamily := map[string]syncloop.FamilyStatus{}
@@ -121,19 +123,49 @@ func (s *servers) report(status []syncloop.FamilyStatus) StatusReport {
 		}
 		r.Families = append(r.Families, fr)
 	}
-	if s.conntrack != nil {
-		r.Conntrack = s.conntrack.Status()
-	}
 	return r
 }
 
-// encodeReport is the state page's body for status.
-func (s *servers) encodeReport(status []syncloop.FamilyStatus) ([]byte, error) {
+// reportClose ends the JSON of a StatusReport as json.MarshalIndent(r, "", "  ") does.
+const reportClose = "\n}"
+
+// encodeReportHead is the state page's cached part for status: the report's JSON, less its
+// closing brace, for reportTail to complete.
+func (s *servers) encodeReportHead(status []syncloop.FamilyStatus) ([]byte, error) {
 	b, err := json.MarshalIndent(s.report(status), "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("encoding the status report: %w", err)
 	}
-	return append(b, '\n'), nil
+	head, ok := bytes.CutSuffix(b, []byte(reportClose))
+	if !ok {
+		return nil, fmt.Errorf("encoding the status report: it does not end with %q", reportClose)
+	}
+	return head, nil
+}
+
+// reportTail is the state page's part read at each request: the conntrack table (cheap,
+// and changing all the time) and the closing brace.
+func (s *servers) reportTail() ([]byte, error) {
+	if s.conntrack == nil {
+		return reportTailFor(nil)
+	}
+	return reportTailFor(s.conntrack.Status())
+}
+
+// reportTailFor completes a head from encodeReportHead into what json.MarshalIndent of
+// the whole report, with Conntrack ct, would be (TestStatePageIsTheReport checks it):
+// Conntrack is StatusReport's last member.
+func reportTailFor(ct *conntrack.Status) ([]byte, error) {
+	if ct == nil {
+		return []byte(reportClose + "\n"), nil
+	}
+	b, err := json.MarshalIndent(ct, "  ", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding the conntrack status: %w", err)
+	}
+	out := []byte(",\n  \"conntrack\": ")
+	out = append(out, b...)
+	return append(out, reportClose+"\n"...), nil
 }
 
 // metricsHandler serves upstream's pages (/metrics, /healthz, /proxyMode, /configz) to
@@ -172,7 +204,7 @@ func (s *servers) metricsHandler() http.Handler {
 		_, _ = w.Write(b)
 	})
 
-	state := newStateCache(s.loop.Status, s.encodeReport, clock.RealClock{})
+	state := newStateCache(s.loop.Status, s.encodeReportHead, s.reportTail, clock.RealClock{})
 	debug := http.NewServeMux()
 	debug.Handle(StatePath, limitConcurrency(stateConcurrency, slotWait, state))
 	if s.options.Effective.EnableProfiling {

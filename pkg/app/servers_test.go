@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -269,11 +270,11 @@ func TestStatePageFollowsSyncs(t *testing.T) {
 	src := newMapSource()
 	s, tr, loop := testServers(t, src, "127.0.0.1:10249", false)
 	var builds atomic.Int32
-	encode := s.encodeReport
+	encode := s.encodeReportHead
 	cache := newStateCache(loop.Status, func(st []syncloop.FamilyStatus) ([]byte, error) {
 		builds.Add(1)
 		return encode(st)
-	}, clock.RealClock{})
+	}, s.reportTail, clock.RealClock{})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- loop.Run(ctx) }()
@@ -323,6 +324,39 @@ func TestStatePageFollowsSyncs(t *testing.T) {
 	}
 }
 
+// TestStatePageIsTheReport: the cached head and the live tail make exactly the JSON of the
+// whole report (with and without a conntrack table), so the split cannot change the page.
+func TestStatePageIsTheReport(t *testing.T) {
+	src := newMapSource()
+	s, tr, loop := testServers(t, src, "127.0.0.1:10249", false)
+	src.add(tr, "ns", 1, 2)
+	limit := uint64(262144)
+	for _, ct := range []*conntrack.Status{
+		nil,
+		{Error: "netlink: permission denied"},
+		{Stats: conntrack.Stats{Entries: 42, Limit: &limit, Counters: map[string]uint64{"drop": 1, "found": 7}, CPUs: 2}},
+	} {
+		status := loop.Status()
+		head, err := s.encodeReportHead(status)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tail, err := reportTailFor(ct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		full := s.report(status)
+		full.Conntrack = ct
+		want, err := json.MarshalIndent(full, "", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(head) + string(tail); got != string(want)+"\n" {
+			t.Errorf("conntrack %+v: the page is\n%s\nwant\n%s", ct, got, want)
+		}
+	}
+}
+
 func TestStateCacheBuildsOncePerSync(t *testing.T) {
 	fake := testingclock.NewFakePassiveClock(time.Unix(1000, 0))
 	status := []syncloop.FamilyStatus{{Family: "IPv4", Syncs: 1}}
@@ -333,7 +367,7 @@ func TestStateCacheBuildsOncePerSync(t *testing.T) {
 	}, func(st []syncloop.FamilyStatus) ([]byte, error) {
 		builds++
 		return []byte(fmt.Sprintf("syncs=%d build=%d", st[0].Syncs, builds)), nil
-	}, fake)
+	}, nil, fake)
 	get := func() string {
 		b, err := c.get()
 		if err != nil {
@@ -446,10 +480,15 @@ func BenchmarkStatePage(b *testing.B) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	body, err := s.encodeReport(loop.Status())
+	head, err := s.encodeReportHead(loop.Status())
 	if err != nil {
 		b.Fatal(err)
 	}
+	tail, err := s.reportTail()
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := append(head, tail...)
 	var r StatusReport
 	if err := json.Unmarshal(body, &r); err != nil || len(r.Families[0].State.Services) != services {
 		b.Fatalf("the report has %d Service ports (err %v), want %d", len(r.Families[0].State.Services), err, services)
@@ -459,13 +498,13 @@ func BenchmarkStatePage(b *testing.B) {
 	b.Run("build", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := s.encodeReport(loop.Status()); err != nil {
+			if _, err := s.encodeReportHead(loop.Status()); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("cached", func(b *testing.B) {
-		cache := newStateCache(loop.Status, s.encodeReport, clock.RealClock{})
+		cache := newStateCache(loop.Status, s.encodeReportHead, s.reportTail, clock.RealClock{})
 		if _, err := cache.get(); err != nil {
 			b.Fatal(err)
 		}
