@@ -15,7 +15,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +22,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kube-proxy/config/v1alpha1"
 	"k8s.io/utils/clock"
 	testingclock "k8s.io/utils/clock/testing"
@@ -34,44 +32,22 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 	"github.com/sluiceproxy/sluice/pkg/syncloop"
 )
 
 const testNodeName = "node-a"
 
-// mapSource is a model.Source over maps, safe for concurrent use.
-type mapSource struct {
-	mu       sync.Mutex
-	services map[types.NamespacedName]*v1.Service
-	slices   map[types.NamespacedName][]*discoveryv1.EndpointSlice
-}
+// mapSource is the test's model.Source.
+type mapSource struct{ *modeltest.Source }
 
-func newMapSource() *mapSource {
-	return &mapSource{services: map[types.NamespacedName]*v1.Service{}, slices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{}}
-}
-
-func (s *mapSource) Service(name types.NamespacedName) (*v1.Service, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	svc, ok := s.services[name]
-	return svc, ok
-}
-
-func (s *mapSource) EndpointSlices(name types.NamespacedName) []*discoveryv1.EndpointSlice {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.slices[name]
-}
+func newMapSource() *mapSource { return &mapSource{modeltest.NewSource()} }
 
 // add stores Service number i of namespace ns (ClusterIP 172.30.x.y, port 80) with one
 // slice of endpoints ready endpoints, and tells the tracker.
 func (s *mapSource) add(tr *model.Tracker, ns string, i, endpoints int) {
 	svc, slice := testService(ns, i, endpoints)
-	name := types.NamespacedName{Namespace: ns, Name: svc.Name}
-	s.mu.Lock()
-	s.services[name] = svc
-	s.slices[name] = []*discoveryv1.EndpointSlice{slice}
-	s.mu.Unlock()
+	s.Put(svc, slice)
 	tr.OnServiceAdd(svc)
 	tr.OnEndpointSliceAdd(slice)
 }

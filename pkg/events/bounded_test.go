@@ -50,6 +50,20 @@ func nodeNames(n int) []string {
 	return out
 }
 
+// clusterReporters returns one Reporter per node, with its recorder, all sharing electorate
+// and clock c, as the nodes of one cluster.
+func clusterReporters(names []string, electorate Electorate, c *testingclock.FakeClock) (map[string]*fakeRecorder, []*Reporter) {
+	recs := map[string]*fakeRecorder{}
+	var reporters []*Reporter
+	for _, n := range names {
+		recs[n] = &fakeRecorder{}
+		r := newReporter(recs[n], n, interval, c)
+		r.SetElectorate(electorate)
+		reporters = append(reporters, r)
+	}
+	return recs, reporters
+}
+
 func serviceName(i int) types.NamespacedName {
 	return types.NamespacedName{Namespace: fmt.Sprintf("ns%d", i%7), Name: fmt.Sprintf("svc-%d", i)}
 }
@@ -67,14 +81,7 @@ func TestOneNodePerServiceReportsInvalidFields(t *testing.T) {
 	electorate := &fakeElectorate{}
 	electorate.set(true, names...)
 	c := testingclock.NewFakeClock(t0)
-	recs := map[string]*fakeRecorder{}
-	var reporters []*Reporter
-	for _, n := range names {
-		recs[n] = &fakeRecorder{}
-		r := newReporter(recs[n], n, interval, c)
-		r.SetElectorate(electorate)
-		reporters = append(reporters, r)
-	}
+	recs, reporters := clusterReporters(names, electorate, c)
 	perService := map[string][]string{} // Service → nodes that reported it
 	perNode := map[string]int{}
 	for i := range services {
@@ -158,15 +165,7 @@ func TestRendezvousScoreIsStable(t *testing.T) {
 func TestInvalidFieldsWaitForTheElectorate(t *testing.T) {
 	names := nodeNames(3)
 	electorate := &fakeElectorate{}
-	c := testingclock.NewFakeClock(t0)
-	recs := map[string]*fakeRecorder{}
-	var reporters []*Reporter
-	for _, n := range names {
-		recs[n] = &fakeRecorder{}
-		r := newReporter(recs[n], n, interval, c)
-		r.SetElectorate(electorate)
-		reporters = append(reporters, r)
-	}
+	recs, reporters := clusterReporters(names, electorate, testingclock.NewFakeClock(t0))
 	for i := range 10 {
 		for _, r := range reporters {
 			if r.ServiceProblems(serviceName(i), badField(serviceName(i))) {
