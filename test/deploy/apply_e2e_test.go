@@ -131,6 +131,13 @@ func checkProxyPermissions(t *testing.T, client kubernetes.Interface) {
 	if _, err := client.CoreV1().Nodes().Get(ctx, testNodeName, metav1.GetOptions{}); err != nil {
 		t.Errorf("get own node: %v", err)
 	}
+	// Every Node's name (metadata only; the election of the node that writes a Service's
+	// InvalidService Event, pkg/watch.NodeNames).
+	if _, err := client.CoreV1().Nodes().List(ctx, list); err != nil {
+		t.Errorf("list nodes: %v", err)
+	}
+	wa, err := client.CoreV1().Nodes().Watch(ctx, metav1.ListOptions{})
+	watchOnce("all nodes", wa, err)
 
 	ev := &eventsv1.Event{
 		ObjectMeta:          metav1.ObjectMeta{GenerateName: "sluice-deploy-test-", Namespace: "default"},
