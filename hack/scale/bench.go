@@ -38,7 +38,11 @@ type bench struct {
 	kube   kubernetes.Interface
 	data   *dataset
 	report *Report
+	// seq numbers the nodes, runSeq the runs (their log directories).
 	seq    int
+	runSeq int
+	// churnState is which bulk Services churn has given an extra endpoint.
+	churnState *churnState
 	// bulkMoves counts the moves of bulk Services' endpoints, to pick a Service and a new
 	// address for each.
 	bulkMoves int
@@ -86,13 +90,15 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	logf("starting etcd and kube-apiserver on %s", apiAddress)
 	cp, err := controlplane.Start(ctx, controlplane.Options{
-		BindAddress: apiAddress.String(),
-		LogDir:      filepath.Join(o.outDir, "logs", "controlplane"),
+		BindAddress:         apiAddress.String(),
+		LogDir:              filepath.Join(o.outDir, "logs", "controlplane"),
+		ExtraAPIServerFlags: apiServerFlags,
 	})
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
 	b.cp = cp
+	b.report.ControlPlaneStartSeconds = cp.Timings().Start.Seconds()
 	cfg := cp.AdminRESTConfig()
 	cfg.QPS, cfg.Burst = 5000, 10000
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
@@ -105,48 +111,73 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	logf("sentinel Service %s/%s at %s", sentinelNamespace, sentinelName, b.data.SentinelAddr())
 
-	all := runSpecs(o.proxies, o.modes, o.skip)
-	if len(all) == 0 {
-		return errors.New("nothing to run: -proxies x -modes minus -skip is empty")
+	plan := o.plan()
+	if len(plan) == 0 {
+		return errors.New("nothing to run: no size has a proxy/mode pair (-proxies x -modes minus -skip) or churn runs")
 	}
-	for _, size := range b.sizes() {
-		specs := all
-		if size != o.services {
-			specs = slices.DeleteFunc(slices.Clone(all), func(r runSpec) bool { return !slices.Contains(o.smallRuns, r.String()) })
-			if len(specs) == 0 {
-				continue
-			}
+	if slices.ContainsFunc(plan, func(p sizePlan) bool { return p.churn }) {
+		shipped, err := readShippedConfig(o.shippedConfig)
+		if err != nil {
+			return fmt.Errorf("-shipped-config: %w", err)
 		}
-		took, err := b.data.grow(ctx, size)
+		b.report.Shipped = &shipped
+	}
+	for _, step := range plan {
+		previous := b.data.bulk
+		took, err := b.data.grow(ctx, step.services)
 		if err != nil {
 			return fmt.Errorf("writing the dataset: %w", err)
 		}
 		if took > 0 {
-			logf("dataset: %d Services x %d endpoints (+ sentinel) written in %.1fs", size, o.endpoints, took.Seconds())
-			b.report.Datasets = append(b.report.Datasets, DatasetStep{Services: size, Endpoints: o.endpoints, WriteSeconds: took.Seconds()})
+			logf("dataset: %d Services x %d endpoints (+ sentinel) written in %.1fs", step.services, o.endpoints, took.Seconds())
+			b.report.Datasets = append(b.report.Datasets, DatasetStep{Services: step.services, Endpoints: o.endpoints,
+				WriteSeconds: took.Seconds(), Objects: 2 * (step.services - previous)})
+		}
+		if api, err := b.timeAPIList(ctx, step.services); err != nil {
+			logf("timing the API list at %d: %v", step.services, err)
+		} else {
+			b.report.APILists = append(b.report.APILists, api)
+			logf("API at %d Services: LIST %.2fs (%.1f MB protobuf), decoding %.2fs, watch-list %.2fs",
+				step.services, api.ListSeconds, float64(api.ListBytes)/1e6, api.DecodeSeconds, api.WatchListSeconds)
 		}
 		for rep := 1; rep <= o.repeat; rep++ {
-			for _, r := range specs {
+			for _, r := range step.runs {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				b.record(b.measure(ctx, r, size, rep, false))
+				b.record(b.measure(ctx, r, step.services, rep, false))
+			}
+		}
+		if step.churn {
+			if err := b.churnRuns(ctx, step.services); err != nil {
+				return fmt.Errorf("churn: %w", err)
 			}
 		}
 	}
 	// Profiled runs come last, apart from the measured ones: profiling costs CPU.
 	if o.profile {
-		for _, r := range all {
+		for _, r := range runSpecs(o.proxies, o.modes, o.skip) {
 			if r.Proxy != proxySluice {
 				continue
 			}
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			b.record(b.measure(ctx, r, o.services, 1, true))
+			b.record(b.measure(ctx, r, b.data.bulk, 1, true))
 		}
 	}
 	return nil
+}
+
+// apiServerFlags lift kube-apiserver's limits for a benchmark that writes 100 000 objects
+// with many concurrent requests and has proxies list them all: no request is queued by
+// priority and fairness or the in-flight limits, and a LIST may take longer than the
+// default minute on a loaded machine.
+var apiServerFlags = []string{
+	"--enable-priority-and-fairness=false",
+	"--max-requests-inflight=0",
+	"--max-mutating-requests-inflight=0",
+	"--request-timeout=10m",
 }
 
 func (b *bench) record(res RunResult) {
@@ -156,27 +187,14 @@ func (b *bench) record(res RunResult) {
 	_ = b.report.writeJSON(b.o.jsonPath)
 }
 
-// sizes are the dataset sizes in the order they are written: the small sizes below
-// -services, then -services.
-func (b *bench) sizes() []int {
-	var out []int
-	for _, s := range b.o.smallSizes {
-		if s < b.o.services && !slices.Contains(out, s) {
-			out = append(out, s)
-		}
-	}
-	slices.Sort(out)
-	return append(out, b.o.services)
-}
-
 // measure runs one proxy on a fresh node and measures it; a profiled run also takes
 // sluice's CPU profile of the cold start and heap profiles. A failure is recorded in the
 // result, never fatal to the benchmark.
 func (b *bench) measure(ctx context.Context, r runSpec, size, rep int, profiled bool) RunResult {
-	b.seq++
+	b.runSeq++
 	res := RunResult{Proxy: r.Proxy, Mode: r.Mode, Services: size, Endpoints: b.o.endpoints, Repeat: rep,
 		Profiled: profiled, Started: time.Now(), LoadAvgStart: loadAvg()}
-	name := fmt.Sprintf("%02d-%s-%s-%d", b.seq, r.Proxy, r.Mode, size)
+	name := fmt.Sprintf("%02d-%s-%s-%d", b.runSeq, r.Proxy, r.Mode, size)
 	if profiled {
 		name += "-profiled"
 	}
@@ -192,7 +210,114 @@ func (b *bench) measure(ctx context.Context, r runSpec, size, rep int, profiled 
 	}
 	tb.close()
 	res.LoadAvgEnd = loadAvg()
+	res.WallSeconds = time.Since(res.Started).Seconds()
 	return res
+}
+
+// node is the fresh node of one run: a one-node topology whose three pods run the echo
+// server (a client, and the two pods endpoints move between), registered as a Node
+// object, with the sentinel pointed at podA.
+type node struct {
+	host               *topology.Node
+	name               string
+	client, podA, podB *topology.Pod
+	logDir             string
+}
+
+// newNode builds a node for run name; tb's cleanups tear it down.
+func (b *bench) newNode(ctx context.Context, tb *programTB, logDir string) (*node, error) {
+	b.seq++
+	topo := topology.New(tb, topology.Options{Nodes: 1, PodsPerNode: 3, LogDir: logDir})
+	h := topo.Nodes[0]
+	n := &node{host: h, name: fmt.Sprintf("scale-node-%02d", b.seq), client: h.Pods[0], podA: h.Pods[1], podB: h.Pods[2], logDir: logDir}
+	if err := exec.Command("ip", "-n", h.NetNS, "route", "add", apiAddress.String()+"/32", "via", topo.APIPrefix.Addr().String()).Run(); err != nil {
+		return nil, fmt.Errorf("route to the apiserver in %s: %w", h.NetNS, err)
+	}
+	if err := b.registerNode(ctx, n.name, h); err != nil {
+		return nil, err
+	}
+	tb.Cleanup(func() {
+		_ = b.kube.CoreV1().Nodes().Delete(context.Background(), n.name, metav1.DeleteOptions{})
+	})
+	topo.StartEcho(tb, topology.EchoOptions{Binary: b.o.echoServer, Ports: []uint16{echoPort}, Protocols: []echo.Protocol{echo.TCP}})
+	if err := b.data.pointSentinel(ctx, n.podA.IPv4, n.name); err != nil {
+		return nil, err
+	}
+	if out := n.client.Probe(echo.TCP, b.data.SentinelAddr(), echo.ProbeOptions{Timeout: 300 * time.Millisecond}); out.Result == echo.Answered {
+		return nil, fmt.Errorf("the sentinel answers before any proxy runs (%s): the node is not fresh", out)
+	}
+	return n, nil
+}
+
+// proxyRun is a proxy process running on a node.
+type proxyRun struct {
+	spec       runSpec
+	proc       *topology.Process
+	pid        int
+	start      time.Time
+	base       string // http://node:metricsPort
+	metricsURL string
+}
+
+// startProxy writes the proxy's configuration into the node's log directory and starts
+// it in the node's namespace.
+func (b *bench) startProxy(n *node, r runSpec, s proxySettings) (*proxyRun, error) {
+	o := b.o
+	s.Mode, s.Node, s.Kubeconfig, s.Verbosity = r.configMode(), n.name, b.cp.ProxyKubeconfig(), o.proxyV
+	cfgPath := filepath.Join(n.logDir, "proxy.yaml")
+	if err := os.WriteFile(cfgPath, []byte(proxyConfig(s)), 0o644); err != nil {
+		return nil, err
+	}
+	path, err := flavourPATH(filepath.Join(o.outDir, "bin"), r)
+	if err != nil {
+		return nil, err
+	}
+	bin := o.sluiceBin
+	if r.Proxy == proxyUpstream {
+		bin = o.kubeProxyBin
+	}
+	args := []string{"PATH=" + path}
+	if r.Proxy == proxySluice {
+		args = append(args, o.sluiceEnv...)
+	}
+	args = append(args, bin, "--config", cfgPath, "--hostname-override", n.name, "--kubeconfig", b.cp.ProxyKubeconfig())
+	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(n.host.APIAddress, metricsPort))
+	pr := &proxyRun{spec: r, start: time.Now(), base: base, metricsURL: base + "/metrics"}
+	if pr.proc, err = n.host.Start("proxy", "/usr/bin/env", args...); err != nil {
+		return nil, err
+	}
+	pr.pid = pr.proc.Pid()
+	return pr, nil
+}
+
+// exited returns an error quoting the proxy's log once it has exited.
+func (pr *proxyRun) exited() error {
+	if done, err := pr.proc.Exited(); done {
+		return fmt.Errorf("the proxy exited (%v); last lines of %s:\n%s", err, pr.proc.LogPath, logTail(pr.proc.LogPath, 30))
+	}
+	return nil
+}
+
+// waitCold waits until the sentinel answers through its ClusterIP from the node's client
+// pod, and fills cold with what the cold start took.
+func (b *bench) waitCold(ctx context.Context, n *node, pr *proxyRun, cold *ColdResult) error {
+	o := b.o
+	at, probes, err := waitAnswer(ctx, n.client, b.data.SentinelAddr(), n.podA.Name, o.probeInterval, o.coldTimeout, pr.exited)
+	cold.Probes = probes
+	if cpu, cerr := cpuOf(pr.pid); cerr == nil {
+		cold.CPUSeconds, cold.ChildCPUSeconds = cpu.Total(), cpu.Children
+	}
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			cold.TimedOut = true
+			return fmt.Errorf("cold start: the sentinel did not answer within %s; last lines of %s:\n%s", o.coldTimeout, pr.proc.LogPath, logTail(pr.proc.LogPath, 15))
+		}
+		return fmt.Errorf("cold start: %w", err)
+	}
+	cold.SentinelSeconds = at.Sub(pr.start).Seconds()
+	cold.RSSBytesAtReady, _ = statusBytes(pr.pid, "VmRSS")
+	cold.PeakRSSBytes, _ = statusBytes(pr.pid, "VmHWM")
+	return nil
 }
 
 func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name string, res *RunResult) error {
@@ -200,64 +325,19 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	// Ends the helpers of this run (metrics watcher, profiles) when it returns.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	logDir := filepath.Join(o.outDir, "logs", name)
-	topo := topology.New(tb, topology.Options{Nodes: 1, PodsPerNode: 3, LogDir: logDir})
-	node := topo.Nodes[0]
-	client, podA, podB := node.Pods[0], node.Pods[1], node.Pods[2]
-	if err := exec.Command("ip", "-n", node.NetNS, "route", "add", apiAddress.String()+"/32", "via", topo.APIPrefix.Addr().String()).Run(); err != nil {
-		return fmt.Errorf("route to the apiserver in %s: %w", node.NetNS, err)
-	}
-	nodeName := fmt.Sprintf("scale-node-%02d", b.seq)
-	res.Node = nodeName
-	if err := b.registerNode(ctx, nodeName, node); err != nil {
-		return err
-	}
-	tb.Cleanup(func() {
-		_ = b.kube.CoreV1().Nodes().Delete(context.Background(), nodeName, metav1.DeleteOptions{})
-	})
-	topo.StartEcho(tb, topology.EchoOptions{Binary: o.echoServer, Ports: []uint16{echoPort}, Protocols: []echo.Protocol{echo.TCP}})
-	if err := b.data.pointSentinel(ctx, podA.IPv4, nodeName); err != nil {
-		return err
-	}
-	sentinel := b.data.SentinelAddr()
-	if out := client.Probe(echo.TCP, sentinel, echo.ProbeOptions{Timeout: 300 * time.Millisecond}); out.Result == echo.Answered {
-		return fmt.Errorf("the sentinel answers before any proxy runs (%s): the node is not fresh", out)
-	}
-
-	// The proxy.
-	cfgPath := filepath.Join(logDir, "proxy.yaml")
-	if err := os.WriteFile(cfgPath, []byte(proxyConfig(r.configMode(), nodeName, b.cp.ProxyKubeconfig(), o.proxyV, o.syncPeriod)), 0o644); err != nil {
-		return err
-	}
-	path, err := flavourPATH(filepath.Join(o.outDir, "bin"), r)
+	n, err := b.newNode(ctx, tb, filepath.Join(o.outDir, "logs", name))
 	if err != nil {
 		return err
 	}
-	bin := o.sluiceBin
-	if r.Proxy == proxyUpstream {
-		bin = o.kubeProxyBin
-	}
-	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(node.APIAddress, metricsPort))
-	metricsURL := base + "/metrics"
-	start := time.Now()
-	args := []string{"PATH=" + path}
-	if r.Proxy == proxySluice {
-		args = append(args, o.sluiceEnv...)
-	}
-	args = append(args, bin, "--config", cfgPath, "--hostname-override", nodeName, "--kubeconfig", b.cp.ProxyKubeconfig())
-	proc, err := node.Start("proxy", "/usr/bin/env", args...)
+	res.Node = n.name
+	client, podA, podB := n.client, n.podA, n.podB
+	pr, err := b.startProxy(n, r, proxySettings{SyncPeriod: o.syncPeriod})
 	if err != nil {
 		return err
 	}
-	res.LogPath = proc.LogPath
-	defer proc.Stop()
-	pid := proc.Pid()
-	exited := func() error {
-		if done, err := proc.Exited(); done {
-			return fmt.Errorf("the proxy exited (%v); last lines of %s:\n%s", err, proc.LogPath, logTail(proc.LogPath, 30))
-		}
-		return nil
-	}
+	res.LogPath = pr.proc.LogPath
+	defer pr.proc.Stop()
+	pid, base, metricsURL, start := pr.pid, pr.base, pr.metricsURL, pr.start
 	helpers := startHelperSampler(pid, 100*time.Millisecond)
 	defer helpers.Stop()
 
@@ -298,26 +378,12 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	// Cold start.
 	cold := &ColdResult{}
 	res.Cold = cold
-	at, probes, err := waitAnswer(ctx, client, sentinel, podA.Name, o.probeInterval, o.coldTimeout, exited)
-	cold.Probes = probes
-	if err != nil {
-		if cpu, cerr := cpuOf(pid); cerr == nil {
-			cold.CPUSeconds, cold.ChildCPUSeconds = cpu.Total(), cpu.Children
-		}
+	if err := b.waitCold(ctx, n, pr, cold); err != nil {
 		res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
 		res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
-		if errors.Is(err, context.DeadlineExceeded) {
-			cold.TimedOut = true
-			return fmt.Errorf("cold start: the sentinel did not answer within %s; last lines of %s:\n%s", o.coldTimeout, proc.LogPath, logTail(proc.LogPath, 15))
-		}
-		return fmt.Errorf("cold start: %w", err)
+		return err
 	}
-	cold.SentinelSeconds = at.Sub(start).Seconds()
-	if cpu, err := cpuOf(pid); err == nil {
-		cold.CPUSeconds, cold.ChildCPUSeconds = cpu.Total(), cpu.Children
-	}
-	cold.RSSBytesAtReady, _ = statusBytes(pid, "VmRSS")
-	cold.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
+	coldDone := time.Now()
 	logf("%s: sentinel answered after %.2fs", name, cold.SentinelSeconds)
 	if fs := <-firstSync; fs.err != nil {
 		cold.Note = fs.err.Error()
@@ -331,6 +397,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 			failed := int(v)
 			res.ServicesFailed = &failed
 		}
+		cold.FullSyncs = int(m.histogram(metricSyncFullDuration).Count)
 	}
 	if res.Profiled {
 		p := filepath.Join(o.outDir, name+".after-cold.heap.pprof")
@@ -362,7 +429,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		if err := sleepCtx(ctx, gap); err != nil {
 			return err
 		}
-		ch, err := b.moveSentinel(ctx, client, current, other, nodeName, metricsURL, exited)
+		ch, err := b.moveSentinel(ctx, client, current, other, n.name, metricsURL, pr.exited)
 		res.Changes = append(res.Changes, ch)
 		if err != nil {
 			return fmt.Errorf("endpoint change %d: %w", i+1, err)
@@ -373,7 +440,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		if err := sleepCtx(ctx, gap); err != nil {
 			return err
 		}
-		if _, err := b.moveSentinel(ctx, client, current, podA, nodeName, metricsURL, exited); err != nil {
+		if _, err := b.moveSentinel(ctx, client, current, podA, n.name, metricsURL, pr.exited); err != nil {
 			return fmt.Errorf("moving the sentinel back: %w", err)
 		}
 	}
@@ -393,11 +460,16 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 
 	// First packet.
 	if o.firstPacketSamples > 0 {
-		via, direct, failures, err := firstPacketSamples(client, sentinel, netip.AddrPortFrom(podA.IPv4, echoPort), o.firstPacketSamples)
+		via, direct, failures, err := firstPacketSamples(client, b.data.SentinelAddr(), netip.AddrPortFrom(podA.IPv4, echoPort), o.firstPacketSamples)
 		if err != nil {
 			return fmt.Errorf("first-packet latency: %w", err)
 		}
 		res.FirstPacket = &FirstPacketResult{ClusterIP: distributionOf(via), Direct: distributionOf(direct), Failures: failures}
+	}
+
+	// Periodic resyncs, so that the peak RSS covers them.
+	if err := b.waitResyncs(ctx, pr, coldDone, cold.FullSyncs, res); err != nil {
+		return err
 	}
 
 	// Syncs over the run, memory, CPU, ruleset.
@@ -406,6 +478,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		res.FullSyncs = int(m.histogram(metricSyncFullDuration).Count)
 	}
 	res.PeakRSSBytes, _ = statusBytes(pid, "VmHWM")
+	res.RSSBytesAtEnd, _ = statusBytes(pid, "VmRSS")
 	res.HelperPeakRSSBytes, res.HelperName = helpers.Peak()
 	if cpu, err := cpuOf(pid); err == nil {
 		res.CPUSeconds, res.ChildCPUSeconds = cpu.Total(), cpu.Children
@@ -416,13 +489,67 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 			addProfile(p)
 		}
 	}
+	if at, err := informersSynced(pr.proc.LogPath, r.Proxy, start); err != nil {
+		cold.Note = strings.TrimPrefix(cold.Note+"; "+err.Error(), "; ")
+	} else {
+		cold.InformersSyncedSeconds = at.Seconds()
+	}
 	saveTo := ""
 	if o.saveRulesets {
-		saveTo = filepath.Join(logDir, "ruleset.txt")
+		saveTo = filepath.Join(n.logDir, "ruleset.txt")
 	}
-	size := listRuleset(ctx, node.NetNS, r, o.listTimeout, saveTo)
+	size := listRuleset(ctx, n.host.NetNS, r, o.listTimeout, saveTo)
 	res.Ruleset = &size
-	return exited()
+	if err := pr.exited(); err != nil {
+		return err
+	}
+	// The floor of an iptables mode is measured on the table the proxy left, with the
+	// proxy stopped so that nothing else holds the lock or competes for the CPU.
+	if r.Mode != modeNFTables && o.floorRepeat > 0 {
+		pr.proc.Stop()
+		floor, err := measureRestoreFloor(ctx, n.host.NetNS, r, o.floorRepeat)
+		res.Floor = floor
+		if err != nil {
+			return fmt.Errorf("iptables-restore floor: %w", err)
+		}
+	}
+	return nil
+}
+
+// waitResyncs keeps the run going until the proxy has made o.resyncs periodic full
+// resyncs after its cold start (fullAtCold full syncs then). sluice in nftables mode
+// resyncs every syncPeriod; upstream v1.37 (and sluice in iptables mode) only every hour
+// (syncPeriod is their retry interval), so they are given the time sluice would need,
+// o.resyncs syncPeriods and ten seconds after the cold start, and their count is recorded.
+func (b *bench) waitResyncs(ctx context.Context, pr *proxyRun, coldDone time.Time, fullAtCold int, res *RunResult) error {
+	period, _ := time.ParseDuration(b.o.syncPeriod)
+	if b.o.resyncs == 0 || period <= 0 {
+		return nil
+	}
+	window := time.Duration(b.o.resyncs)*period + 10*time.Second
+	periodic := pr.spec.Proxy == proxySluice && pr.spec.Mode == modeNFTables
+	limit := window + period + time.Minute
+	for {
+		if err := pr.exited(); err != nil {
+			return err
+		}
+		if m, err := scrape(ctx, pr.metricsURL); err == nil {
+			res.PeriodicFullSyncs = int(m.histogram(metricSyncFullDuration).Count) - fullAtCold
+		}
+		since := time.Since(coldDone)
+		switch {
+		case periodic && res.PeriodicFullSyncs >= b.o.resyncs:
+			return nil
+		case !periodic && since >= window:
+			return nil
+		case since >= limit:
+			logf("only %d periodic full resyncs within %s of the cold start", res.PeriodicFullSyncs, limit)
+			return nil
+		}
+		if err := sleepCtx(ctx, time.Second); err != nil {
+			return err
+		}
+	}
 }
 
 // moveSentinel moves the sentinel's endpoint from one pod to the other and measures until

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -45,6 +46,8 @@ type dataset struct {
 	// bulk is the number of bulk Services written so far.
 	bulk     int
 	sentinel *corev1.Service
+	// probes are the churn runs' probe Services, while they exist.
+	probes []*corev1.Service
 }
 
 // setup creates the namespaces and the sentinel Service (its EndpointSlice comes with the
@@ -108,19 +111,39 @@ func readyEndpoint(ip netip.Addr, node string) discoveryv1.Endpoint {
 
 // fakeEndpoint is the address of endpoint j of bulk Service i.
 func fakeEndpoint(i, j, perService int) netip.Addr {
-	b := fakeEndpointBase.As4()
-	n := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	n += uint32(i*perService + j)
-	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+	return addrAdd(fakeEndpointBase, int64(i*perService+j))
 }
+
+// addrAdd is the IPv4 address delta after a (before it for a negative delta).
+func addrAdd(a netip.Addr, delta int64) netip.Addr {
+	b := a.As4()
+	var out [4]byte
+	binary.BigEndian.PutUint32(out[:], uint32(int64(binary.BigEndian.Uint32(b[:]))+delta))
+	return netip.AddrFrom4(out)
+}
+
+// bulkEndpoints are the endpoints bulk Service i is written with.
+func (d *dataset) bulkEndpoints(i int) []discoveryv1.Endpoint {
+	eps := make([]discoveryv1.Endpoint, d.endpoints)
+	for j := range eps {
+		eps[j] = readyEndpoint(fakeEndpoint(i, j, d.endpoints), fmt.Sprintf("fake-node-%d", (i+j)%100))
+	}
+	return eps
+}
+
+// extraEndpointBase is the first address of the endpoints churn adds (100.96.0.0/12, in
+// the upper half of 100.64.0.0/10 that the dataset never reaches, below the moved ones).
+var extraEndpointBase = netip.MustParseAddr("100.96.0.1")
+
+// extraEndpoint is the address churn adds to bulk Service i.
+func extraEndpoint(i int) netip.Addr { return addrAdd(extraEndpointBase, int64(i)) }
 
 // movedEndpoint is the address endpoint move seq gives: from the top of 100.64.0.0/10
 // down, a half the dataset never reaches.
-func movedEndpoint(seq int) netip.Addr {
-	n := uint32(100)<<24 | uint32(127)<<16 | uint32(255)<<8 | 254
-	n -= uint32(seq)
-	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
-}
+func movedEndpoint(seq int) netip.Addr { return addrAdd(movedEndpointTop, -int64(seq)) }
+
+// movedEndpointTop is the first address moves give.
+var movedEndpointTop = netip.MustParseAddr("100.127.255.254")
 
 // bulkName is the name of bulk Service i.
 func bulkName(i int) string { return fmt.Sprintf("svc-%05d", i) }
@@ -192,10 +215,7 @@ func (d *dataset) writeBulk(ctx context.Context, i int) error {
 	if err != nil {
 		return fmt.Errorf("creating Service %s: %w", name, err)
 	}
-	eps := make([]discoveryv1.Endpoint, d.endpoints)
-	for j := range eps {
-		eps[j] = readyEndpoint(fakeEndpoint(i, j, d.endpoints), fmt.Sprintf("fake-node-%d", (i+j)%100))
-	}
+	eps := d.bulkEndpoints(i)
 	err = retry(ctx, func() error {
 		_, err := d.kube.DiscoveryV1().EndpointSlices(datasetNamespace).Create(ctx, slice(datasetNamespace, name, eps), metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
@@ -257,10 +277,7 @@ func (d *dataset) pointSentinel(ctx context.Context, pod netip.Addr, node string
 // endpoint has (seq numbers the moves of a benchmark; addresses past the dataset's are
 // used), keeping its other endpoints: one endpoint of a Service of d.endpoints moves.
 func (d *dataset) moveBulkEndpoint(ctx context.Context, i, seq int) error {
-	eps := make([]discoveryv1.Endpoint, d.endpoints)
-	for j := range eps {
-		eps[j] = readyEndpoint(fakeEndpoint(i, j, d.endpoints), fmt.Sprintf("fake-node-%d", (i+j)%100))
-	}
+	eps := d.bulkEndpoints(i)
 	eps[0] = readyEndpoint(movedEndpoint(seq), "fake-node-moved")
 	patch, err := json.Marshal(map[string]any{"endpoints": eps})
 	if err != nil {

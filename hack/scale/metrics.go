@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +19,8 @@ const (
 	metricSyncPartialDuration = "kubeproxy_sync_partial_proxy_rules_duration_seconds"
 	metricSyncFullDuration    = "kubeproxy_sync_full_proxy_rules_duration_seconds"
 	metricServicesFailed      = "sluice_services_failed"
+	metricNetworkProgramming  = "kubeproxy_network_programming_duration_seconds"
+	metricSyncLastTimestamp   = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 )
 
 // sample is one line of the Prometheus text format.
@@ -189,4 +194,54 @@ func scrape(ctx context.Context, url string) (metrics, error) {
 		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	return parseMetrics(string(body)), nil
+}
+
+// histogramBuckets is a whole histogram (IPv4 series): its cumulative buckets, by upper
+// bound, and its count and sum.
+type histogramBuckets struct {
+	Buckets []bucket `json:"buckets,omitempty"`
+	Count   float64  `json:"count"`
+	Sum     float64  `json:"sum"`
+}
+
+// bucket is one cumulative bucket: Count observations at or under Le (+Inf is left out).
+type bucket struct {
+	Le    float64 `json:"le"`
+	Count float64 `json:"count"`
+}
+
+// buckets reads histogram name's IPv4 series.
+func (m metrics) buckets(name string) histogramBuckets {
+	h := m.histogram(name)
+	out := histogramBuckets{Count: h.Count, Sum: h.Sum}
+	byLe := map[float64]float64{}
+	for _, s := range m {
+		if s.name != name+"_bucket" || s.labels["ip_family"] != "IPv4" {
+			continue
+		}
+		le, err := strconv.ParseFloat(s.labels["le"], 64)
+		if err != nil || math.IsInf(le, 1) {
+			continue
+		}
+		byLe[le] += s.value
+	}
+	for le, c := range byLe {
+		out.Buckets = append(out.Buckets, bucket{Le: le, Count: c})
+	}
+	slices.SortFunc(out.Buckets, func(a, b bucket) int { return cmp.Compare(a.Le, b.Le) })
+	return out
+}
+
+// minus is the histogram of the observations made between two scrapes (buckets matched
+// by bound).
+func (h histogramBuckets) minus(before histogramBuckets) histogramBuckets {
+	out := histogramBuckets{Count: h.Count - before.Count, Sum: h.Sum - before.Sum}
+	prev := map[float64]float64{}
+	for _, b := range before.Buckets {
+		prev[b.Le] = b.Count
+	}
+	for _, b := range h.Buckets {
+		out.Buckets = append(out.Buckets, bucket{Le: b.Le, Count: b.Count - prev[b.Le]})
+	}
+	return out
 }

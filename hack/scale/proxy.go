@@ -94,17 +94,37 @@ func flavourPATH(dir string, r runSpec) (string, error) {
 	return binDir + ":" + os.Getenv("PATH"), nil
 }
 
+// proxySettings are what varies in the KubeProxyConfiguration between runs.
+type proxySettings struct {
+	// Mode is the KubeProxyConfiguration mode (runSpec.configMode).
+	Mode       string
+	Node       string
+	Kubeconfig string
+	Verbosity  int
+	// SyncPeriod and MinSyncPeriod, when not empty, are set in the iptables and nftables
+	// sections; empty leaves the proxy's default (upstream's: 30s and 1s).
+	SyncPeriod    string
+	MinSyncPeriod string
+}
+
 // proxyConfig is the KubeProxyConfiguration both proxies run with: upstream's defaults
 // (minSyncPeriod 1s, syncPeriod 30s, client QPS 5) except for what a node namespace
 // needs: servers bound where this program reaches them, the node's name, and conntrack
-// sizing left alone (nf_conntrack_max is global to the machine, not per namespace).
-//
-// syncPeriod, when not empty, replaces the default syncPeriod of the mode (for profiling
-// partial syncs without the periodic resync among them).
-func proxyConfig(mode, node, kubeconfig string, verbosity int, syncPeriod string) string {
+// sizing left alone (nf_conntrack_max is global to the machine, not per namespace); and
+// the sync periods of s.
+func proxyConfig(s proxySettings) string {
 	periods := ""
-	if syncPeriod != "" {
-		periods = fmt.Sprintf("iptables:\n  syncPeriod: %[1]s\nnftables:\n  syncPeriod: %[1]s\n", syncPeriod)
+	for _, section := range []string{"iptables", "nftables"} {
+		var fields string
+		if s.SyncPeriod != "" {
+			fields += fmt.Sprintf("  syncPeriod: %s\n", s.SyncPeriod)
+		}
+		if s.MinSyncPeriod != "" {
+			fields += fmt.Sprintf("  minSyncPeriod: %s\n", s.MinSyncPeriod)
+		}
+		if fields != "" {
+			periods += section + ":\n" + fields
+		}
 	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -124,5 +144,5 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-%s`, mode, node, healthzPort, metricsPort, kubeconfig, verbosity, periods)
+%s`, s.Mode, s.Node, healthzPort, metricsPort, s.Kubeconfig, s.Verbosity, periods)
 }

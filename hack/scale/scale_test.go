@@ -150,34 +150,84 @@ func TestFakeEndpointsAreDistinctAndInSharedAddressSpace(t *testing.T) {
 }
 
 func TestSummaryAndGoals(t *testing.T) {
-	run := func(proxy string, cold, sync float64, rss int64) RunResult {
-		return RunResult{Proxy: proxy, Mode: modeNFTables, Services: 10000,
-			Cold:         &ColdResult{SentinelSeconds: cold, CPUSeconds: cold, RSSBytesAtReady: int64(cold * 1e6)},
+	run := func(proxy string, services int, cold, sync float64, rss int64) RunResult {
+		return RunResult{Proxy: proxy, Mode: modeNFTables, Services: services,
+			Cold: &ColdResult{SentinelSeconds: cold, CPUSeconds: cold, RSSBytesAtReady: int64(cold * 1e6),
+				InformersSyncedSeconds: cold / 2},
 			Changes:      []ChangeResult{{VisibleSeconds: 0.1, SyncSeconds: sync}, {VisibleSeconds: 0.3, SyncSeconds: sync * 3}},
 			BulkChanges:  []BulkChangeResult{{SyncSeconds: sync * 10, SyncCount: 1}},
-			PeakRSSBytes: rss}
+			PeakRSSBytes: rss, PeriodicFullSyncs: 2}
 	}
 	r := &Report{Runs: []RunResult{
-		run(proxyUpstream, 10, 0.6, 300<<20),
-		run(proxySluice, 1, 0.005, 100<<20),
-		run(proxySluice, 3, 0.005, 200<<20),
+		run(proxySluice, 100, 0.2, 0.0005, 40<<20),
+		run(proxyUpstream, 10000, 10, 0.6, 300<<20),
+		run(proxySluice, 10000, 1, 0.0005, 100<<20),
+		run(proxySluice, 10000, 3, 0.0005, 200<<20),
 	}}
 	r.summarise()
-	if len(r.Summary) != 2 || len(r.Ratios) != 1 {
+	if len(r.Summary) != 3 || len(r.Ratios) != 1 {
 		t.Fatalf("summary %d rows, ratios %d rows", len(r.Summary), len(r.Ratios))
 	}
-	s := r.Summary[1]
-	if s.Runs != 2 || s.ColdSeconds != 2 || s.ChangeSyncSeconds != 0.01 || s.PeakRSSBytes != 150<<20 {
+	s := r.Summary[2]
+	if s.Runs != 2 || s.ColdSeconds != 2 || s.OwnColdSeconds != 1 || s.ChangeSyncSeconds != 0.001 || s.PeakRSSBytes != 150<<20 || s.PeriodicFullSyncs != 2 {
 		t.Errorf("sluice summary = %+v", s)
 	}
 	q := r.Ratios[0]
-	if q.Cold != 0.2 || q.PeakRSS != 0.5 {
+	if q.Cold != 0.2 || q.OwnCold != 0.2 || q.PeakRSS != 0.5 {
 		t.Errorf("ratios = %+v", q)
 	}
-	want := []string{"cold <= 0.2x upstream: met (0.20x)", "one-endpoint sync (1-endpoint Service) <= 20ms: met (10.0ms)",
-		"one-endpoint sync (multi-endpoint Service) <= 20ms: MISSED (50.0ms)", "peak RSS <= 0.5x upstream: met (0.50x; 0.20x when the cold start is done)"}
+	want := []string{"cold <= 0.2x upstream: met (0.20x)",
+		"one-endpoint sync (1-endpoint Service) <= 2ms and <= 1.5x the smallest size's: met (1.0ms, 1.00x its value at 100)",
+		"one-endpoint sync (multi-endpoint Service) <= 2ms and <= 1.5x the smallest size's: MISSED (5.0ms, 1.00x its value at 100)",
+		"peak RSS <= 0.5x upstream (sluice's peak over 2 periodic full resyncs): met (0.50x; 0.20x when the cold start is done)"}
 	if !slices.Equal(q.Goals, want) {
 		t.Errorf("goals = %q, want %q", q.Goals, want)
+	}
+}
+
+func TestGoalsOfIssue14(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		mode       string
+		sluice, up SummaryRow
+		ratio      RatioRow
+		smallest   SummaryRow
+		want       []string
+	}{{
+		name:   "at 50 000 the cold start is compared with a tenth of upstream's",
+		mode:   modeNFTables,
+		sluice: SummaryRow{Services: 50000, ColdSeconds: 10},
+		up:     SummaryRow{Services: 50000, ColdSeconds: 200, Runs: 1},
+		ratio:  RatioRow{Cold: 0.05, OwnCold: 0.04},
+		want:   []string{"cold <= 0.1x upstream: met (0.050x; sluice's own part 0.040x)"},
+	}, {
+		name:   "upstream timing out at 50 000 leaves sluice's 30 seconds",
+		mode:   modeNFTables,
+		sluice: SummaryRow{Services: 50000, ColdSeconds: 31},
+		up:     SummaryRow{Services: 50000, TimedOut: 1, Runs: 1},
+		want:   []string{"cold: upstream does not finish within 10m0s, sluice within 30s: MISSED (sluice 31.00s)"},
+	}, {
+		name:     "a one-change sync growing more than 1.5x from the smallest size misses",
+		mode:     modeNFTables,
+		sluice:   SummaryRow{Services: 10000, ChangeSyncSeconds: 0.0018},
+		smallest: SummaryRow{Services: 100, ChangeSyncSeconds: 0.001},
+		want:     []string{"one-endpoint sync (1-endpoint Service) <= 2ms and <= 1.5x the smallest size's: MISSED (1.8ms, 1.80x its value at 100)"},
+	}, {
+		name:   "iptables-legacy against its restore floor",
+		mode:   modeIPTablesLegacy,
+		sluice: SummaryRow{Services: 10000, ChangeSyncSeconds: 1.1, FloorSeconds: 1},
+		want:   []string{"one-endpoint sync <= 1.2x the one-chain restore floor: met (1.10x: 1.10s against 1.00s)"},
+	}, {
+		name:   "iptables-nft without upstream: the cold start finishes",
+		mode:   modeIPTablesNFT,
+		sluice: SummaryRow{Services: 10000, ColdSeconds: 17},
+		want:   []string{"cold start finishes: met (17.00s)"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := goals(tc.mode, tc.sluice, tc.up, tc.ratio, tc.smallest); !slices.Equal(got, tc.want) {
+				t.Errorf("goals = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 
