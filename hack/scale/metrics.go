@@ -242,6 +242,10 @@ func (h histogramBuckets) minus(before histogramBuckets) histogramBuckets {
 	}
 	for _, b := range h.Buckets {
 		out.Buckets = append(out.Buckets, bucket{Le: b.Le, Count: b.Count - prev[b.Le]})
+		// The buckets past the one holding every observation say nothing more.
+		if b.Count-prev[b.Le] >= out.Count {
+			break
+		}
 	}
 	return out
 }

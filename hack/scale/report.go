@@ -239,6 +239,8 @@ type SummaryRow struct {
 	ReadyRSSBytes      float64 `json:"readyRSSBytes"`
 	PeakRSSBytes       float64 `json:"peakRSSBytes"`
 	HelperPeakRSSBytes float64 `json:"helperPeakRSSBytes"`
+	// EndRSSBytes is VmRSS at the end of the run, after the resyncs.
+	EndRSSBytes float64 `json:"endRSSBytes"`
 	// FullSyncs is the largest number of full syncs a run of this row made;
 	// PeriodicFullSyncs the fewest made after a cold start (what every peak covers).
 	FullSyncs            int     `json:"fullSyncs"`
@@ -438,7 +440,7 @@ func (r *Report) summarise() {
 
 func summaryOf(runs []RunResult) SummaryRow {
 	row := SummaryRow{Runs: len(runs), PeriodicFullSyncs: -1}
-	var cold, firstSync, firstOwn, informers, own, coldCPU, coldChild, visible, sync, bulkSync, readyRSS, rss, helper, p50, p99, direct, floor, wall []float64
+	var cold, firstSync, firstOwn, informers, own, coldCPU, coldChild, visible, sync, bulkSync, readyRSS, rss, endRSS, helper, p50, p99, direct, floor, wall []float64
 	for _, run := range runs {
 		if run.Error != "" {
 			row.Failed++
@@ -484,6 +486,7 @@ func summaryOf(runs []RunResult) SummaryRow {
 		// A run cut short has not reached its peak.
 		if run.PeakRSSBytes > 0 && run.Error == "" {
 			rss = append(rss, float64(run.PeakRSSBytes))
+			endRSS = append(endRSS, float64(run.RSSBytesAtEnd))
 			if row.PeriodicFullSyncs < 0 || run.PeriodicFullSyncs < row.PeriodicFullSyncs {
 				row.PeriodicFullSyncs = run.PeriodicFullSyncs
 			}
@@ -509,7 +512,7 @@ func summaryOf(runs []RunResult) SummaryRow {
 	row.ColdCPUSeconds, row.ChangeVisibleSeconds, row.ChangeSyncSeconds = orZero(median(coldCPU)), orZero(median(visible)), orZero(median(sync))
 	row.ColdChildCPUSeconds, row.ReadyRSSBytes = orZero(median(coldChild)), orZero(median(readyRSS))
 	row.BulkChangeSyncSeconds = orZero(median(bulkSync))
-	row.PeakRSSBytes, row.HelperPeakRSSBytes = orZero(median(rss)), orZero(median(helper))
+	row.PeakRSSBytes, row.HelperPeakRSSBytes, row.EndRSSBytes = orZero(median(rss)), orZero(median(helper)), orZero(median(endRSS))
 	row.FirstPacketP50Micros, row.FirstPacketP99Micros, row.DirectP50Micros = orZero(median(p50)), orZero(median(p99)), orZero(median(direct))
 	row.FloorSeconds, row.WallSeconds = orZero(median(floor)), orZero(median(wall))
 	return row
@@ -683,7 +686,7 @@ func (r *Report) printTable(w io.Writer) {
 
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tAPI part\town part\tfirst sync\t(own time)\tcold CPU\t(helpers)\tchange seen\tchange sync\tmulti-ep sync\tRSS ready\tpeak RSS\tresyncs\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tfloor\trun took\tnotes\t")
+	fmt.Fprintln(tw, "services\tproxy/mode\tcold\tAPI part\town part\tfirst sync\t(own time)\tcold CPU\t(helpers)\tchange seen\tchange sync\tmulti-ep sync\tRSS ready\tpeak RSS\tresyncs\tRSS at end\thelper RSS\tchains\trules\telements\tfirst pkt p50\tp99\tdirect p50\tfloor\trun took\tnotes\t")
 	for _, s := range r.Summary {
 		var notes []string
 		if s.Runs > 1 {
@@ -694,11 +697,11 @@ func (r *Report) printTable(w io.Writer) {
 		} else if s.Failed > 0 {
 			notes = append(notes, fmt.Sprintf("%d/%d failed", s.Failed, s.Runs))
 		}
-		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.Services, s.Proxy, s.Mode, seconds(s.ColdSeconds), seconds(s.InformersSyncedSeconds), seconds(s.OwnColdSeconds),
 			seconds(s.FirstSyncSeconds), seconds(s.FirstSyncOwnSeconds),
 			seconds(s.ColdCPUSeconds), seconds(s.ColdChildCPUSeconds), seconds(s.ChangeVisibleSeconds), seconds(s.ChangeSyncSeconds), seconds(s.BulkChangeSyncSeconds),
-			mib(s.ReadyRSSBytes), mib(s.PeakRSSBytes), s.PeriodicFullSyncs, mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
+			mib(s.ReadyRSSBytes), mib(s.PeakRSSBytes), s.PeriodicFullSyncs, mib(s.EndRSSBytes), mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
 			micros(s.FirstPacketP50Micros), micros(s.FirstPacketP99Micros), micros(s.DirectP50Micros), seconds(s.FloorSeconds), seconds(s.WallSeconds), strings.Join(notes, "; "))
 	}
 	tw.Flush()
