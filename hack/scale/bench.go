@@ -277,6 +277,9 @@ func (b *bench) startProxy(n *node, r runSpec, s proxySettings) (*proxyRun, erro
 		bin = o.kubeProxyBin
 	}
 	args := []string{"PATH=" + path}
+	if r.Mode != modeNFTables {
+		args = append(args, xtablesLockEnv(n.logDir))
+	}
 	if r.Proxy == proxySluice {
 		args = append(args, o.sluiceEnv...)
 	}
@@ -507,7 +510,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	// proxy stopped so that nothing else holds the lock or competes for the CPU.
 	if r.Mode != modeNFTables && o.floorRepeat > 0 {
 		pr.proc.Stop()
-		floor, err := measureRestoreFloor(ctx, n.host.NetNS, r, o.floorRepeat)
+		floor, err := measureRestoreFloor(ctx, n.host.NetNS, xtablesLockEnv(n.logDir), r, o.floorRepeat)
 		res.Floor = floor
 		if err != nil {
 			return fmt.Errorf("iptables-restore floor: %w", err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -30,13 +31,14 @@ type FloorResult struct {
 
 // measureRestoreFloor times repeat restores of the sentinel's Service chain in the nat
 // table of netns, with the mode's flavour.
-func measureRestoreFloor(ctx context.Context, netns string, r runSpec, repeat int) (*FloorResult, error) {
+// lockEnv is the node's xtables lock (xtablesLockEnv), as the proxy had it.
+func measureRestoreFloor(ctx context.Context, netns, lockEnv string, r runSpec, repeat int) (*FloorResult, error) {
 	multi := r.xtablesMulti()
 	if multi == "" {
 		return nil, fmt.Errorf("no iptables flavour in mode %s", r.Mode)
 	}
 	var saved bytes.Buffer
-	if err := inNetns(ctx, netns, &saved, nil, multi, "iptables-save", "-t", "nat"); err != nil {
+	if err := inNetns(ctx, netns, lockEnv, &saved, nil, multi, "iptables-save", "-t", "nat"); err != nil {
 		return nil, err
 	}
 	chain, input, err := oneChainRestore(saved.String(), sentinelNamespace+"/"+sentinelName+":")
@@ -46,7 +48,7 @@ func measureRestoreFloor(ctx context.Context, netns string, r runSpec, repeat in
 	f := &FloorResult{Tool: multi + " iptables-restore --noflush --counters --wait 5", Chain: chain, InputLines: strings.Count(input, "\n")}
 	for range repeat {
 		start := time.Now()
-		if err := inNetns(ctx, netns, nil, strings.NewReader(input), multi, "iptables-restore", "--noflush", "--counters", "--wait", "5"); err != nil {
+		if err := inNetns(ctx, netns, lockEnv, nil, strings.NewReader(input), multi, "iptables-restore", "--noflush", "--counters", "--wait", "5"); err != nil {
 			return f, err
 		}
 		f.Seconds = append(f.Seconds, time.Since(start).Seconds())
@@ -90,10 +92,11 @@ func oneChainRestore(saved, svc string) (chain, input string, err error) {
 
 // inNetns runs a program forked from a thread inside netns (as a proxy in that namespace
 // runs its helpers: no `ip netns exec` in between).
-func inNetns(ctx context.Context, netns string, stdout *bytes.Buffer, stdin *strings.Reader, name string, args ...string) error {
+func inNetns(ctx context.Context, netns, env string, stdout *bytes.Buffer, stdin *strings.Reader, name string, args ...string) error {
 	var stderr bytes.Buffer
 	return netnstest.Do(netns, func() error {
 		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Env = append(os.Environ(), env)
 		if stdin != nil {
 			cmd.Stdin = stdin
 		}

@@ -94,6 +94,16 @@ func flavourPATH(dir string, r runSpec) (string, error) {
 	return binDir + ":" + os.Getenv("PATH"), nil
 }
 
+// xtablesLockEnv gives the iptables programs run on a node a lock file of the node's own
+// (XTABLES_LOCKFILE, iptables >= 1.8.5). The legacy flavour takes /run/xtables.lock, one
+// file for the whole machine whatever the network namespace: on a shared machine other
+// programs' iptables runs would otherwise hold up the proxy under test, as they did in
+// trial runs (restores waiting out their --wait). On a real node the proxy is the main
+// user of that lock.
+func xtablesLockEnv(dir string) string {
+	return "XTABLES_LOCKFILE=" + filepath.Join(dir, "xtables.lock")
+}
+
 // proxySettings are what varies in the KubeProxyConfiguration between runs.
 type proxySettings struct {
 	// Mode is the KubeProxyConfiguration mode (runSpec.configMode).
