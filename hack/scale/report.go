@@ -609,7 +609,7 @@ func goals(mode string, s, up SummaryRow, ratio RatioRow, smallest SummaryRow) [
 	if mode == modeIPTablesNFT && up.Runs == 0 {
 		out = append(out, check("cold start finishes", s.ColdSeconds > 0, seconds(s.ColdSeconds)))
 	}
-	if ratio.PeakRSS > 0 && (issue14Size(s.Services) || mode != modeNFTables) {
+	if ratio.PeakRSS > 0 && (issue14Size(s.Services) && mode == modeNFTables || s.Services == baselineSize) {
 		name := "peak RSS <= 0.5x upstream"
 		if s.PeriodicFullSyncs > 0 {
 			name += fmt.Sprintf(" (sluice's peak over %d periodic full resyncs)", s.PeriodicFullSyncs)
