@@ -49,9 +49,9 @@ type ChurnRow struct {
 	ChildCPUPerSecond float64              `json:"childCPUPerSecond"`
 	Programming       ProgrammingAgreement `json:"programming"`
 	// BurstChanges and BurstSyncs are the run's burst (on its first row only).
-	BurstChanges int      `json:"burstChanges,omitempty"`
-	BurstSyncs   int      `json:"burstSyncs,omitempty"`
-	Goals        []string `json:"goals,omitempty"`
+	BurstChanges int    `json:"burstChanges,omitempty"`
+	BurstSyncs   int    `json:"burstSyncs,omitempty"`
+	Goals        []Goal `json:"goals,omitempty"`
 }
 
 // ProgrammingAgreement compares kubeproxy_network_programming_duration_seconds over a
@@ -109,29 +109,25 @@ func churnSummary(runs []ChurnResult) []ChurnRow {
 }
 
 // churnGoals checks issue 14's churn goals on a sluice row.
-func churnGoals(row ChurnRow, c ChurnResult) []string {
-	check := func(name string, ok bool, got string) string {
-		verdict := "met"
-		if !ok {
-			verdict = "MISSED"
-		}
-		return fmt.Sprintf("%s: %s (%s)", name, verdict, got)
+func churnGoals(row ChurnRow, c ChurnResult) []Goal {
+	flips := fmt.Sprintf("over %d flips, %d failed", row.Flips, row.FlipErrors)
+	p50 := atMost("p50 <= 25ms", row.P50, churnP50Limit, seconds(row.P50)+" "+flips)
+	p99 := atMost("p99 <= 50ms", row.P99, churnP99Limit, seconds(row.P99)+" "+flips)
+	if row.Flips == 0 || row.FlipErrors > 0 {
+		p50.Met, p99.Met = false, false
 	}
-	out := []string{
-		check("p50 <= 25ms and p99 <= 50ms", row.Flips > 0 && row.FlipErrors == 0 && row.P50 <= churnP50Limit && row.P99 <= churnP99Limit,
-			fmt.Sprintf("%s / %s over %d flips, %d failed", seconds(row.P50), seconds(row.P99), row.Flips, row.FlipErrors)),
-	}
+	out := []Goal{p50, p99}
 	// Changes arriving slower than one per minSyncPeriod may each get a sync of their own;
 	// faster, they must share them.
-	if d, err := time.ParseDuration(strings.Fields(row.MinSyncPeriod)[0]); err == nil && row.Rate*d.Seconds() >= 1 {
-		out = append(out, check("changes collapse (syncs <= 1/2 of the changes)", 2*row.Syncs <= row.Changes, fmt.Sprintf("%d syncs for %d changes", row.Syncs, row.Changes)))
+	if d, err := time.ParseDuration(strings.Fields(row.MinSyncPeriod)[0]); err == nil && row.Rate*d.Seconds() >= 1 && row.Changes > 0 {
+		out = append(out, atMost("changes collapse (syncs <= 1/2 of the changes)", float64(row.Syncs), float64(row.Changes)/2,
+			fmt.Sprintf("%d syncs for %d changes", row.Syncs, row.Changes)))
 	}
 	if c.Burst != nil && row.BurstChanges > 0 {
-		out = append(out, check("a burst collapses (syncs <= 1/10 of its changes)", float64(row.BurstSyncs) <= burstCollapse*float64(row.BurstChanges),
+		out = append(out, atMost("a burst collapses (syncs <= 1/10 of its changes)", float64(row.BurstSyncs), burstCollapse*float64(row.BurstChanges),
 			fmt.Sprintf("%d syncs for %d changes", row.BurstSyncs, row.BurstChanges)))
 	}
-	out = append(out, check("kubeproxy_network_programming_duration_seconds agrees within its buckets", row.Programming.Agrees, row.Programming.text()))
-	return out
+	return append(out, Goal{Name: "kubeproxy_network_programming_duration_seconds agrees within its buckets", Met: row.Programming.Agrees, Got: row.Programming.text()})
 }
 
 // agreement compares a phase's network-programming histogram with the measured flip

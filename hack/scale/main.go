@@ -60,6 +60,7 @@ type options struct {
 	sluiceEnv      []string
 	profile        bool
 	reportFrom     string
+	markdown       bool
 	profileWindow  time.Duration
 	profileChanges int
 	proxyV         int
@@ -133,6 +134,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.saveRulesets, "save-rulesets", false, "keep each run's ruleset listing in its log directory (ruleset.txt; tens of MB at 10 000 Services in iptables modes)")
 	fs.StringVar(&o.syncPeriod, "sync-period", "30s", "syncPeriod of both proxies (upstream's default); sluice's nftables mode resyncs fully this often, which -resyncs waits for")
 	fs.StringVar(&o.reportFrom, "report", "", "print the table of an earlier run's results JSON (summarised again) and exit")
+	fs.BoolVar(&o.markdown, "markdown", false, "with -report: print the Markdown tables of docs/benchmarks.md instead")
 	sluiceEnv := fs.String("sluice-env", "", "comma-separated NAME=VALUE added to sluice's environment, e.g. GOMEMLIMIT=150MiB (experiments; recorded in the results)")
 	fs.IntVar(&o.proxyV, "proxy-v", 0, "log verbosity of the proxies (0 is upstream's default)")
 
@@ -284,7 +286,7 @@ func main() {
 		os.Exit(2)
 	}
 	if o.reportFrom != "" {
-		os.Exit(reprint(o.reportFrom))
+		os.Exit(reprint(o.reportFrom, o.markdown))
 	}
 	if os.Getenv(envInNetns) == "" {
 		os.Exit(outside(o))
@@ -378,9 +380,22 @@ func resolveBinaries(o *options) error {
 
 // reprint prints the table of a results file, summarised again (summaries follow this
 // program's current rules).
-func reprint(path string) int {
+func reprint(path string, markdown bool) int {
 	b, err := os.ReadFile(path)
 	if err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		return 1
+	}
+	// The summaries are made again: leave out those of the file, whose shape may be older.
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		fmt.Fprintf(os.Stderr, "scale: %s: %v\n", path, err)
+		return 1
+	}
+	delete(raw, "summary")
+	delete(raw, "ratios")
+	delete(raw, "churnSummary")
+	if b, err = json.Marshal(raw); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		return 1
 	}
@@ -390,6 +405,10 @@ func reprint(path string) int {
 		return 1
 	}
 	r.summarise()
-	r.printTable(os.Stdout)
+	if markdown {
+		r.printMarkdown(os.Stdout)
+	} else {
+		r.printTable(os.Stdout)
+	}
 	return 0
 }

@@ -261,19 +261,19 @@ type SummaryRow struct {
 // RatioRow is sluice divided by upstream for one size and mode (0 where either is
 // missing), with the goals of baseline.md and issue 14 checked where they apply.
 type RatioRow struct {
-	Services       int      `json:"services"`
-	Mode           string   `json:"mode"`
-	Cold           float64  `json:"cold"`
-	OwnCold        float64  `json:"ownCold"`
-	ColdCPU        float64  `json:"coldCPU"`
-	ChangeVisible  float64  `json:"changeVisible"`
-	ChangeSync     float64  `json:"changeSync"`
-	BulkChangeSync float64  `json:"bulkChangeSync"`
-	ReadyRSS       float64  `json:"readyRSS"`
-	PeakRSS        float64  `json:"peakRSS"`
-	FirstPacketP50 float64  `json:"firstPacketP50"`
-	FirstPacketP99 float64  `json:"firstPacketP99"`
-	Goals          []string `json:"goals"`
+	Services       int     `json:"services"`
+	Mode           string  `json:"mode"`
+	Cold           float64 `json:"cold"`
+	OwnCold        float64 `json:"ownCold"`
+	ColdCPU        float64 `json:"coldCPU"`
+	ChangeVisible  float64 `json:"changeVisible"`
+	ChangeSync     float64 `json:"changeSync"`
+	BulkChangeSync float64 `json:"bulkChangeSync"`
+	ReadyRSS       float64 `json:"readyRSS"`
+	PeakRSS        float64 `json:"peakRSS"`
+	FirstPacketP50 float64 `json:"firstPacketP50"`
+	FirstPacketP99 float64 `json:"firstPacketP99"`
+	Goals          []Goal  `json:"goals"`
 }
 
 func newReport(o *options) *Report {
@@ -553,30 +553,53 @@ const (
 // issue14Size tells the sizes issue 14's memory and one-change goals name (nftables).
 func issue14Size(services int) bool { return services == 10000 || services == 50000 }
 
+// Goal is one goal checked against a run's figures.
+type Goal struct {
+	Name string `json:"name"`
+	Met  bool   `json:"met"`
+	// Got is what was measured, in words.
+	Got string `json:"got"`
+	// OfLimit is the measured value over the goal's limit (at most 1 when met), 0 for a
+	// goal without a limit.
+	OfLimit float64 `json:"ofLimit,omitempty"`
+}
+
+func (g Goal) String() string {
+	verdict := "met"
+	if !g.Met {
+		verdict = "MISSED"
+	}
+	s := fmt.Sprintf("%s: %s (%s", g.Name, verdict, g.Got)
+	if g.OfLimit > 0 {
+		s += fmt.Sprintf("; %.2f of the limit", g.OfLimit)
+	}
+	return s + ")"
+}
+
+// atMost is the goal "value <= limit".
+func atMost(name string, value, limit float64, got string) Goal {
+	return Goal{Name: name, Met: value <= limit, Got: got, OfLimit: value / limit}
+}
+
 // goals checks the goals of baseline.md and issue 14 for sluice (s) against upstream (up,
 // zero when upstream has no row), with smallest sluice's row at the smallest size of the
 // mode.
-func goals(mode string, s, up SummaryRow, ratio RatioRow, smallest SummaryRow) []string {
-	check := func(name string, ok bool, got string) string {
-		verdict := "met"
-		if !ok {
-			verdict = "MISSED"
-		}
-		return fmt.Sprintf("%s: %s (%s)", name, verdict, got)
-	}
-	var out []string
+func goals(mode string, s, up SummaryRow, ratio RatioRow, smallest SummaryRow) []Goal {
+	var out []Goal
 	switch {
 	case s.Services == issue14ColdSize && mode == modeNFTables && up.TimedOut > 0 && up.ColdSeconds == 0:
-		out = append(out, check(fmt.Sprintf("cold: upstream does not finish within %s, sluice within %s", issue14UpstreamLimit, issue14SluiceLimit),
-			s.ColdSeconds > 0 && s.ColdSeconds <= issue14SluiceLimit.Seconds(), "sluice "+seconds(s.ColdSeconds)))
+		g := atMost(fmt.Sprintf("cold: upstream does not finish within %s, sluice within %s", issue14UpstreamLimit, issue14SluiceLimit),
+			s.ColdSeconds, issue14SluiceLimit.Seconds(), "sluice "+seconds(s.ColdSeconds))
+		g.Met = g.Met && s.ColdSeconds > 0
+		out = append(out, g)
 	case s.Services == issue14ColdSize && mode == modeNFTables && ratio.Cold > 0:
-		out = append(out, check("cold <= 0.1x upstream", ratio.Cold <= 0.1, fmt.Sprintf("%.3fx; sluice's own part %.3fx", ratio.Cold, ratio.OwnCold)))
+		out = append(out, atMost("cold <= 0.1x upstream", ratio.Cold, 0.1, fmt.Sprintf("%.3fx; sluice's own part %.3fx", ratio.Cold, ratio.OwnCold)))
 	case ratio.Cold > 0 && s.Services == baselineSize:
 		limit := baselineIPTablesRatio
 		if mode == modeNFTables {
 			limit = baselineNFTColdRatio
 		}
-		out = append(out, check(fmt.Sprintf("cold <= %.1fx upstream", limit), ratio.Cold <= limit, fmt.Sprintf("%.2fx", ratio.Cold)))
+		out = append(out, atMost(fmt.Sprintf("cold <= %.1fx upstream", limit), ratio.Cold, limit, fmt.Sprintf("%.2fx", ratio.Cold)))
 	}
 	if mode == modeNFTables && issue14Size(s.Services) {
 		for _, c := range []struct {
@@ -589,32 +612,30 @@ func goals(mode string, s, up SummaryRow, ratio RatioRow, smallest SummaryRow) [
 			if c.sync <= 0 {
 				continue
 			}
-			got := seconds(c.sync)
-			ok := c.sync <= issue14SyncLimit
+			out = append(out, atMost(c.what+" <= 2ms", c.sync, issue14SyncLimit, seconds(c.sync)))
 			if c.base > 0 && smallest.Services < s.Services {
-				got += fmt.Sprintf(", %.2fx its value at %d", c.sync/c.base, smallest.Services)
-				ok = ok && c.sync <= issue14SyncGrowth*c.base
+				out = append(out, atMost(fmt.Sprintf("%s <= 1.5x its value at %d", c.what, smallest.Services), c.sync/c.base, issue14SyncGrowth,
+					fmt.Sprintf("%.2fx: %s against %s", c.sync/c.base, seconds(c.sync), seconds(c.base))))
 			}
-			out = append(out, check(fmt.Sprintf("%s <= 2ms and <= 1.5x the smallest size's", c.what), ok, got))
 		}
 	}
 	if mode != modeNFTables && ratio.ChangeSync > 0 && s.Services == baselineSize {
-		out = append(out, check("one-endpoint sync <= 0.5x upstream", ratio.ChangeSync <= baselineIPTablesRatio, fmt.Sprintf("%.2fx", ratio.ChangeSync)))
+		out = append(out, atMost("one-endpoint sync <= 0.5x upstream", ratio.ChangeSync, baselineIPTablesRatio, fmt.Sprintf("%.2fx", ratio.ChangeSync)))
 	}
 	if mode == modeIPTablesLegacy && s.FloorSeconds > 0 && s.ChangeSyncSeconds > 0 {
 		f := s.ChangeSyncSeconds / s.FloorSeconds
-		out = append(out, check("one-endpoint sync <= 1.2x the one-chain restore floor", f <= issue14FloorFactor,
+		out = append(out, atMost("one-endpoint sync <= 1.2x the one-chain restore floor", f, issue14FloorFactor,
 			fmt.Sprintf("%.2fx: %s against %s", f, seconds(s.ChangeSyncSeconds), seconds(s.FloorSeconds))))
 	}
 	if mode == modeIPTablesNFT && up.Runs == 0 {
-		out = append(out, check("cold start finishes", s.ColdSeconds > 0, seconds(s.ColdSeconds)))
+		out = append(out, Goal{Name: "cold start finishes", Met: s.ColdSeconds > 0, Got: seconds(s.ColdSeconds)})
 	}
 	if ratio.PeakRSS > 0 && (issue14Size(s.Services) && mode == modeNFTables || s.Services == baselineSize) {
 		name := "peak RSS <= 0.5x upstream"
 		if s.PeriodicFullSyncs > 0 {
 			name += fmt.Sprintf(" (sluice's peak over %d periodic full resyncs)", s.PeriodicFullSyncs)
 		}
-		out = append(out, check(name, ratio.PeakRSS <= issue14RSSRatio, fmt.Sprintf("%.2fx; %.2fx when the cold start is done", ratio.PeakRSS, ratio.ReadyRSS)))
+		out = append(out, atMost(name, ratio.PeakRSS, issue14RSSRatio, fmt.Sprintf("%.2fx; %.2fx when the cold start is done", ratio.PeakRSS, ratio.ReadyRSS)))
 	}
 	return out
 }
