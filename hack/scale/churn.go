@@ -61,8 +61,13 @@ func parseChurnRuns(s string) ([]churnRun, error) {
 			return nil, fmt.Errorf("%q: unknown proxy %q", f, proxy)
 		}
 		if minSync != minSyncDefault && minSync != minSyncShipped {
-			if d, err := time.ParseDuration(minSync); err != nil || d < 0 {
+			d, err := time.ParseDuration(minSync)
+			if err != nil || d < 0 {
 				return nil, fmt.Errorf("%q: minSyncPeriod must be default, shipped or a duration", f)
+			}
+			if d == 0 {
+				// KubeProxyConfiguration's defaulting turns 0 into 1s, in both proxies.
+				return nil, fmt.Errorf("%q: a minSyncPeriod of 0 is defaulted to 1s; use default, or a positive duration", f)
 			}
 		}
 		out = append(out, churnRun{Proxy: proxy, MinSync: minSync})

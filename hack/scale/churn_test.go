@@ -45,7 +45,7 @@ func TestParseChurnRuns(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("runs = %v, want %v", got, want)
 	}
-	for _, bad := range []string{"sluice", "cilium@1s", "sluice@soon", "sluice@-1s"} {
+	for _, bad := range []string{"sluice", "cilium@1s", "sluice@soon", "sluice@-1s", "sluice@0s"} {
 		if _, err := parseChurnRuns(bad); err == nil {
 			t.Errorf("%q was accepted", bad)
 		}
