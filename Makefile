@@ -51,7 +51,7 @@ fuzz: ## Fuzz the model for FUZZTIME (default 30s) per target; seed corpora live
 	hack/fuzz.sh
 
 .PHONY: bench
-bench: build ## Scale benchmarks (1 000 and 10 000 Services) for every backend; figures go to docs/benchmarks.md.
+bench: build ## Benchmarks: the backends against the kernel, then hack/scale against upstream (every figure of docs/benchmarks.md, about 2.5 h).
 	hack/bench.sh
 
 .PHONY: control-plane
