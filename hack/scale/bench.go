@@ -199,19 +199,25 @@ func (b *bench) measure(ctx context.Context, r runSpec, size, rep int, profiled 
 		name += "-profiled"
 	}
 	logf("=== run %s", name)
-	tb := newProgramTB(ctx, name, logf)
-	err := catchFatal(func() {
-		if err := b.measureOn(ctx, tb, r, name, &res); err != nil {
-			res.Error = err.Error()
-		}
-	})
-	if err != nil {
-		res.Error = err.Error()
-	}
-	tb.close()
+	res.Error = runIsolated(ctx, name, func(tb *programTB) error { return b.measureOn(ctx, tb, r, name, &res) })
 	res.LoadAvgEnd = loadAvg()
 	res.WallSeconds = time.Since(res.Started).Seconds()
 	return res
+}
+
+// runIsolated runs f with a programTB of its own, whose cleanups (the node, the proxy) run
+// when f returns, and returns the error f returned or unwound with as text ("" for none).
+func runIsolated(ctx context.Context, name string, f func(tb *programTB) error) string {
+	tb := newProgramTB(ctx, name, logf)
+	defer tb.close()
+	var ferr error
+	if err := catchFatal(func() { ferr = f(tb) }); err != nil {
+		return err.Error()
+	}
+	if ferr != nil {
+		return ferr.Error()
+	}
+	return ""
 }
 
 // node is the fresh node of one run: a one-node topology whose three pods run the echo

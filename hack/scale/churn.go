@@ -239,16 +239,7 @@ func (b *bench) churnOne(ctx context.Context, run churnRun, shipped ShippedConfi
 	}
 	name := fmt.Sprintf("%02d-churn-%s-%s", b.runSeq, run.Proxy, strings.ReplaceAll(run.MinSync, ".", "_"))
 	logf("=== churn run %s", name)
-	tb := newProgramTB(ctx, name, logf)
-	err := catchFatal(func() {
-		if err := b.churnOn(ctx, tb, name, &res); err != nil {
-			res.Error = err.Error()
-		}
-	})
-	if err != nil {
-		res.Error = err.Error()
-	}
-	tb.close()
+	res.Error = runIsolated(ctx, name, func(tb *programTB) error { return b.churnOn(ctx, tb, name, &res) })
 	res.LoadAvgEnd = loadAvg()
 	res.WallSeconds = time.Since(res.Started).Seconds()
 	return res
