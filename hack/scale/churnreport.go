@@ -38,6 +38,14 @@ type ChurnRow struct {
 	P99  float64 `json:"p99"`
 	Max  float64 `json:"max"`
 	Mean float64 `json:"mean"`
+	// WriteP50 and WriteP99 are the API updates' round trips; AfterWriteP50 and
+	// AfterWriteP99 the flips counted from the update's answer instead of its sending (the
+	// proxy cannot act before the write is committed): how much of the figure is the
+	// apiserver's.
+	WriteP50      float64 `json:"writeP50"`
+	WriteP99      float64 `json:"writeP99"`
+	AfterWriteP50 float64 `json:"afterWriteP50"`
+	AfterWriteP99 float64 `json:"afterWriteP99"`
 	// Stale counts connections the old pod answered after the new one had (all flips).
 	Stale int `json:"stale"`
 	// Changes is the background changes plus the flips in the window, Syncs the proxy's
@@ -81,16 +89,22 @@ func churnSummary(runs []ChurnResult) []ChurnRow {
 			if row.MinSyncPeriod == "" {
 				row.MinSyncPeriod = "1s (default)"
 			}
-			var lat []float64
+			var lat, write, after []float64
 			var sum float64
 			for _, f := range p.Flips {
 				lat = append(lat, f.Seconds)
+				write = append(write, f.APIWriteSeconds)
+				after = append(after, max(0, f.Seconds-f.APIWriteSeconds))
 				sum += f.Seconds
 				row.Stale += f.Stale
 			}
 			slices.Sort(lat)
+			slices.Sort(write)
+			slices.Sort(after)
 			if len(lat) > 0 {
 				row.P50, row.P99, row.Max, row.Mean = quantile(lat, 0.5), quantile(lat, 0.99), lat[len(lat)-1], sum/float64(len(lat))
+				row.WriteP50, row.WriteP99 = quantile(write, 0.5), quantile(write, 0.99)
+				row.AfterWriteP50, row.AfterWriteP99 = quantile(after, 0.5), quantile(after, 0.99)
 			}
 			if p.Seconds > 0 {
 				row.CPUPerSecond, row.ChildCPUPerSecond = p.CPUSeconds/p.Seconds, p.ChildCPUSeconds/p.Seconds
@@ -218,14 +232,15 @@ func (r *Report) printChurn(w io.Writer) {
 	}
 	fmt.Fprintln(w, ":")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\tminSyncPeriod\trate\t(achieved)\tflips\tp50\tp99\tmax\tstale\tmetric mean\tmeasured mean\tmetric p50 bucket\tp99 bucket\tagrees\tsyncs\tchanges\tCPU s/s\t(helpers)\tburst syncs\t")
+	fmt.Fprintln(tw, "run\tminSyncPeriod\trate\t(achieved)\tflips\tp50\tp99\tmax\tAPI write p50\tp99\tafter the write p50\tp99\tstale\tmetric mean\tmeasured mean\tmetric p50 bucket\tp99 bucket\tagrees\tsyncs\tchanges\tCPU s/s\t(helpers)\tburst syncs\t")
 	for _, c := range r.ChurnSummary {
 		burst := "-"
 		if c.BurstChanges > 0 {
 			burst = fmt.Sprintf("%d for %d", c.BurstSyncs, c.BurstChanges)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%g/s\t%.1f/s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%t\t%d\t%d\t%.3f\t%.3f\t%s\t\n",
-			c.Run, c.MinSyncPeriod, c.Rate, c.AchievedRate, c.Flips, seconds(c.P50), seconds(c.P99), seconds(c.Max), c.Stale,
+		fmt.Fprintf(tw, "%s\t%s\t%g/s\t%.1f/s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%t\t%d\t%d\t%.3f\t%.3f\t%s\t\n",
+			c.Run, c.MinSyncPeriod, c.Rate, c.AchievedRate, c.Flips, seconds(c.P50), seconds(c.P99), seconds(c.Max),
+			seconds(c.WriteP50), seconds(c.WriteP99), seconds(c.AfterWriteP50), seconds(c.AfterWriteP99), c.Stale,
 			seconds(c.Programming.Mean), seconds(c.Mean), bucketText(c.Programming.P50Bucket), bucketText(c.Programming.P99Bucket), c.Programming.Agrees,
 			c.Syncs, c.Changes, c.CPUPerSecond, c.ChildCPUPerSecond, burst)
 	}

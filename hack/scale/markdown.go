@@ -102,11 +102,12 @@ func (r *Report) printMarkdown(w io.Writer) {
 				burst = fmt.Sprintf("%d syncs for %d", c.BurstSyncs, c.BurstChanges)
 			}
 			rows = append(rows, []string{c.Run, c.MinSyncPeriod, fmt.Sprintf("%g/s (%.1f)", c.Rate, c.AchievedRate), fmt.Sprintf("%d", c.Flips),
-				seconds(c.P50), seconds(c.P99), seconds(c.Max), fmt.Sprintf("%s / %s", seconds(c.Programming.Mean), seconds(c.Mean)),
+				seconds(c.P50), seconds(c.P99), seconds(c.Max), fmt.Sprintf("%s / %s", seconds(c.WriteP50), seconds(c.WriteP99)),
+				fmt.Sprintf("%s / %s", seconds(c.AfterWriteP50), seconds(c.AfterWriteP99)), fmt.Sprintf("%s / %s", seconds(c.Programming.Mean), seconds(c.Mean)),
 				fmt.Sprintf("%s, %s", bucketText(c.Programming.P50Bucket), bucketText(c.Programming.P99Bucket)), yesNo(c.Programming.Agrees),
 				fmt.Sprintf("%d / %d", c.Syncs, c.Changes), fmt.Sprintf("%.3f (%.3f)", c.CPUPerSecond, c.ChildCPUPerSecond), burst})
 		}
-		mdTable(w, []string{"run", "minSyncPeriod", "rate (achieved)", "flips", "p50", "p99", "max", "metric mean / measured mean",
+		mdTable(w, []string{"run", "minSyncPeriod", "rate (achieved)", "flips", "p50", "p99", "max", "API write p50 / p99", "after the write p50 / p99", "metric mean / measured mean",
 			"metric p50, p99 buckets", "agrees", "syncs / changes", "CPU s/s (helpers)", "burst"}, rows)
 	}
 
