@@ -124,6 +124,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	for _, step := range plan {
 		previous := b.data.bulk
+		cpuBefore, _ := b.data.apiserverCPU()
 		took, err := b.data.grow(ctx, step.services)
 		if err != nil {
 			return fmt.Errorf("writing the dataset: %w", err)
@@ -132,6 +133,9 @@ func (b *bench) run(ctx context.Context) error {
 			logf("dataset: %d Services x %d endpoints (+ sentinel) written in %.1fs", step.services, o.endpoints, took.Seconds())
 			b.report.Datasets = append(b.report.Datasets, DatasetStep{Services: step.services, Endpoints: o.endpoints,
 				WriteSeconds: took.Seconds(), Objects: 2 * (step.services - previous)})
+			if cpu, err := b.data.apiserverCPU(); err == nil && cpuBefore > 0 {
+				b.report.Datasets[len(b.report.Datasets)-1].APIServerCPUSeconds = cpu - cpuBefore
+			}
 		}
 		if api, err := b.timeAPIList(ctx, step.services); err != nil {
 			logf("timing the API list at %d: %v", step.services, err)

@@ -48,6 +48,12 @@ type dataset struct {
 	sentinel *corev1.Service
 	// probes are the churn runs' probe Services, while they exist.
 	probes []*corev1.Service
+
+	// The last progress report (progress).
+	progressMu  sync.Mutex
+	lastWritten int
+	lastAt      time.Time
+	lastCPU     float64
 }
 
 // setup creates the namespaces and the sentinel Service (its EndpointSlice comes with the
@@ -156,6 +162,10 @@ func (d *dataset) grow(ctx context.Context, n int) (time.Duration, error) {
 		return 0, nil
 	}
 	start := time.Now()
+	d.progressMu.Lock()
+	d.lastWritten, d.lastAt = d.bulk, start
+	d.lastCPU, _ = d.apiserverCPU()
+	d.progressMu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	jobs := make(chan int)
@@ -178,7 +188,7 @@ func (d *dataset) grow(ctx context.Context, n int) (time.Duration, error) {
 					return
 				}
 				if c := done.Add(1); c%2000 == 0 {
-					d.logf("dataset: %d/%d Services written (%.0f/s)", d.bulk+int(c), n, float64(c)/time.Since(start).Seconds())
+					d.progress(d.bulk+int(c), n, start)
 				}
 			}
 		}()
@@ -201,6 +211,36 @@ feed:
 	}
 	d.bulk = n
 	return time.Since(start), nil
+}
+
+// progress logs the writing rate, overall and since the last call, and kube-apiserver's
+// CPU time per Service since then (its process_cpu_seconds_total): a ClusterIP allocation
+// costs more the more Services exist.
+func (d *dataset) progress(written, target int, start time.Time) {
+	d.progressMu.Lock()
+	defer d.progressMu.Unlock()
+	now := time.Now()
+	cpu, _ := d.apiserverCPU()
+	line := fmt.Sprintf("dataset: %d/%d Services written (%.0f/s overall", written, target, float64(written-d.bulk)/now.Sub(start).Seconds())
+	if written > d.lastWritten {
+		n := float64(written - d.lastWritten)
+		line += fmt.Sprintf(", %.0f/s lately, kube-apiserver %.1fms CPU per Service", n/now.Sub(d.lastAt).Seconds(), (cpu-d.lastCPU)/n*1000)
+	}
+	d.logf("%s)", line)
+	d.lastWritten, d.lastAt, d.lastCPU = written, now, cpu
+}
+
+// apiserverCPU reads kube-apiserver's process_cpu_seconds_total.
+func (d *dataset) apiserverCPU() (float64, error) {
+	body, err := d.kube.CoreV1().RESTClient().Get().AbsPath("/metrics").SetHeader("Accept", "text/plain").Do(context.Background()).Raw()
+	if err != nil {
+		return 0, err
+	}
+	v, ok := parseMetrics(string(body)).sum("process_cpu_seconds_total", nil)
+	if !ok {
+		return 0, fmt.Errorf("no process_cpu_seconds_total")
+	}
+	return v, nil
 }
 
 func (d *dataset) writeBulk(ctx context.Context, i int) error {

@@ -38,7 +38,7 @@ func (r *Report) printMarkdown(w io.Writer) {
 			r.Options.CreateWorkers, seconds(r.ControlPlaneStartSeconds), firstRepeat(r.APILists))
 		var rows [][]string
 		for _, d := range r.Datasets {
-			row := []string{count(d.Services), fmt.Sprintf("%d in %s (%.0f/s)", d.Objects, seconds(d.WriteSeconds), div(float64(d.Objects), d.WriteSeconds)), "", "", ""}
+			row := []string{count(d.Services), fmt.Sprintf("%d in %s (%.0f/s), kube-apiserver CPU %s", d.Objects, seconds(d.WriteSeconds), div(float64(d.Objects), d.WriteSeconds), seconds(d.APIServerCPUSeconds)), "", "", ""}
 			for _, a := range r.APILists {
 				if a.Services == d.Services {
 					row[2] = fmt.Sprintf("%s (%.1f MB)", seconds(a.ListSeconds), float64(a.ListBytes)/1e6)

@@ -97,6 +97,8 @@ type DatasetStep struct {
 	// Objects is the number of Services and EndpointSlices written in this step.
 	Objects      int     `json:"objects"`
 	WriteSeconds float64 `json:"writeSeconds"`
+	// APIServerCPUSeconds is kube-apiserver's CPU time over the step.
+	APIServerCPUSeconds float64 `json:"apiserverCPUSeconds,omitempty"`
 }
 
 // RunResult is one proxy measured on one fresh node.
@@ -691,9 +693,9 @@ func (r *Report) printTable(w io.Writer) {
 	if len(r.Datasets) > 0 {
 		fmt.Fprintf(w, "\nDataset (%d concurrent creates; control plane ready in %s):\n", r.Options.CreateWorkers, seconds(r.ControlPlaneStartSeconds))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "services\tobjects written\ttook\tobjects/s\t")
+		fmt.Fprintln(tw, "services\tobjects written\ttook\tobjects/s\tkube-apiserver CPU\t")
 		for _, d := range r.Datasets {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t\n", d.Services, d.Objects, seconds(d.WriteSeconds), div(float64(d.Objects), d.WriteSeconds))
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%s\t\n", d.Services, d.Objects, seconds(d.WriteSeconds), div(float64(d.Objects), d.WriteSeconds), seconds(d.APIServerCPUSeconds))
 		}
 		tw.Flush()
 	}
