@@ -105,7 +105,15 @@ func (b *bench) run(ctx context.Context) error {
 	if b.kube, err = kubernetes.NewForConfig(cfg); err != nil {
 		return err
 	}
-	b.data = &dataset{kube: b.kube, endpoints: o.endpoints, workers: o.createWorkers, logf: logf}
+	serviceRange, err := netip.ParsePrefix(cp.ServiceCIDRs()[0])
+	if err != nil {
+		return fmt.Errorf("the control plane's Service range: %w", err)
+	}
+	ips := clusterIPs{base: serviceRange}
+	if n := o.largestSize(); n > ips.maxBulk() {
+		return fmt.Errorf("%d Services do not fit in the Service range %s (at most %d)", n, serviceRange, ips.maxBulk())
+	}
+	b.data = &dataset{kube: b.kube, clusterIPs: ips, endpoints: o.endpoints, workers: o.createWorkers, logf: logf}
 	if err := b.data.setup(ctx); err != nil {
 		return err
 	}

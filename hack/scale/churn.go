@@ -587,7 +587,7 @@ func (d *dataset) createProbes(ctx context.Context, n int) error {
 	}
 	d.probes = nil
 	for k := range n {
-		svc, err := d.kube.CoreV1().Services(probeNamespace).Create(ctx, service(probeNamespace, probeName(k)), metav1.CreateOptions{})
+		svc, err := d.kube.CoreV1().Services(probeNamespace).Create(ctx, service(probeNamespace, probeName(k), d.clusterIPs.probe(k)), metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating probe Service %d: %w", k, err)
 		}

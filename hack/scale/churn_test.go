@@ -229,3 +229,28 @@ func TestProxyConfigSetsPeriodsInBothSections(t *testing.T) {
 		t.Errorf("default periods written:\n%s", cfg)
 	}
 }
+
+func TestClusterIPsStayInTheRangeAndApart(t *testing.T) {
+	c := clusterIPs{base: netip.MustParsePrefix("10.96.0.0/16")}
+	seen := map[netip.Addr]string{netip.MustParseAddr("10.96.0.1"): "kubernetes"}
+	add := func(what string, a netip.Addr) {
+		t.Helper()
+		if !c.base.Contains(a) || a == c.base.Addr() {
+			t.Fatalf("%s = %s, not a host of %s", what, a, c.base)
+		}
+		if other, ok := seen[a]; ok {
+			t.Fatalf("%s and %s share %s", what, other, a)
+		}
+		seen[a] = what
+	}
+	add("sentinel", c.sentinel())
+	for k := range maxProbes {
+		add(probeName(k), c.probe(k))
+	}
+	for i := range c.maxBulk() {
+		add(bulkName(i), c.bulk(i))
+	}
+	if last := c.bulk(c.maxBulk() - 1); last != netip.MustParseAddr("10.96.255.254") {
+		t.Errorf("last bulk ClusterIP = %s", last)
+	}
+}

@@ -36,12 +36,32 @@ const (
 // shared address space): routed nowhere, overlapping no pod or Service range.
 var fakeEndpointBase = netip.MustParseAddr("100.64.0.1")
 
+// clusterIPs hands out the benchmark's ClusterIPs (see service) in the Service range
+// base: the sentinel and the probe Services near its start, above the kubernetes
+// Service's, and the bulk Services from bulkOffset on.
+type clusterIPs struct {
+	base netip.Prefix
+}
+
+const (
+	sentinelOffset = 100
+	probeOffset    = 200
+	maxProbes      = 100
+	bulkOffset     = 1024
+)
+
+func (c clusterIPs) sentinel() netip.Addr   { return addrAdd(c.base.Addr(), sentinelOffset) }
+func (c clusterIPs) probe(k int) netip.Addr { return addrAdd(c.base.Addr(), probeOffset+int64(k)) }
+func (c clusterIPs) bulk(i int) netip.Addr  { return addrAdd(c.base.Addr(), bulkOffset+int64(i)) }
+func (c clusterIPs) maxBulk() int           { return 1<<(32-c.base.Bits()) - bulkOffset - 1 }
+
 // dataset writes the Services and EndpointSlices every proxy in the run reads.
 type dataset struct {
-	kube      kubernetes.Interface
-	endpoints int
-	workers   int
-	logf      func(string, ...any)
+	kube       kubernetes.Interface
+	clusterIPs clusterIPs
+	endpoints  int
+	workers    int
+	logf       func(string, ...any)
 
 	// bulk is the number of bulk Services written so far.
 	bulk     int
@@ -65,7 +85,7 @@ func (d *dataset) setup(ctx context.Context) error {
 			return fmt.Errorf("creating namespace %s: %w", ns, err)
 		}
 	}
-	svc, err := d.kube.CoreV1().Services(sentinelNamespace).Create(ctx, service(sentinelNamespace, sentinelName), metav1.CreateOptions{})
+	svc, err := d.kube.CoreV1().Services(sentinelNamespace).Create(ctx, service(sentinelNamespace, sentinelName, d.clusterIPs.sentinel()), metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating the sentinel Service: %w", err)
 	}
@@ -78,11 +98,20 @@ func (d *dataset) SentinelAddr() netip.AddrPort {
 	return netip.AddrPortFrom(netip.MustParseAddr(d.sentinel.Spec.ClusterIP), servicePort)
 }
 
-func service(ns, name string) *corev1.Service {
+// service is a ClusterIP Service of one TCP port with the given ClusterIP.
+//
+// Every Service of the benchmark gets its ClusterIP from the benchmark (clusterIPs)
+// rather than from kube-apiserver: 1.37 allocates a dynamic ClusterIP under one lock for
+// the whole range, holding it across the IPAddress object's creation and two lists of every
+// IPAddress (its allocation metrics), so dynamic allocations happen one at a time and each
+// costs O(Services). A requested ClusterIP takes that lock only to find its range: the
+// creates then run in parallel (the lists remain: writing N Services still costs O(N²) CPU).
+func service(ns, name string, clusterIP netip.Addr) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeClusterIP,
+			Type:      corev1.ServiceTypeClusterIP,
+			ClusterIP: clusterIP.String(),
 			Ports: []corev1.ServicePort{{
 				Name: "http", Protocol: corev1.ProtocolTCP, Port: servicePort, TargetPort: intstr.FromInt32(echoPort),
 			}},
@@ -246,7 +275,7 @@ func (d *dataset) apiserverCPU() (float64, error) {
 func (d *dataset) writeBulk(ctx context.Context, i int) error {
 	name := bulkName(i)
 	err := retry(ctx, func() error {
-		_, err := d.kube.CoreV1().Services(datasetNamespace).Create(ctx, service(datasetNamespace, name), metav1.CreateOptions{})
+		_, err := d.kube.CoreV1().Services(datasetNamespace).Create(ctx, service(datasetNamespace, name, d.clusterIPs.bulk(i)), metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			return nil
 		}

@@ -195,6 +195,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, errors.New("-churn-probes, -churn-flips and -churn-probe-interval must be positive")
 	case uint64(o.largestSize())*uint64(o.endpoints) >= 1<<21:
 		return nil, errors.New("too many endpoints: fake endpoint addresses come from the lower half of 100.64.0.0/10")
+	case o.churn.probes > maxProbes:
+		return nil, fmt.Errorf("-churn-probes: at most %d", maxProbes)
 	case o.largestSize() >= 1<<20-1:
 		return nil, errors.New("too many Services: churn's added endpoints come from 100.96.0.0/12")
 	}
