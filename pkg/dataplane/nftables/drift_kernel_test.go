@@ -10,6 +10,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/syncloop"
 	"github.com/sluiceproxy/sluice/test/loopharness"
 )
 
@@ -68,10 +69,28 @@ func TestDeletedElementIsRepairedBySyncLoop(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // a full resync with the table as written: no repair
 	before := driftCount("element")
 
-	nft(t, "delete", "element", "ip", kubeProxyTable, serviceIPsMap, "{ 172.30.0.10 . tcp . 80 }")
-	deleted := time.Now()
-	if _, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), slow); err == nil {
-		t.Fatal("the Service still answers without its map element; the test is broken")
+	// The deletion must be seen to break the Service before the repair is awaited. On a
+	// loaded machine the next resync may repair it before the probe runs (CI saw that):
+	// then the repair is counted and the deletion is made again, right after a sync.
+	var deleted time.Time
+	for attempt := 1; ; attempt++ {
+		syncs := h.Status(model.IPv4).Syncs
+		h.WaitFor(t, "a resync", 5*time.Second, func(st syncloop.FamilyStatus) bool { return st.Syncs > syncs })
+		repairedBefore := driftCount("element")
+		nft(t, "delete", "element", "ip", kubeProxyTable, serviceIPsMap, "{ 172.30.0.10 . tcp . 80 }")
+		deleted = time.Now()
+		_, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), slow)
+		if err != nil {
+			break // broken, as it must be
+		}
+		if driftCount("element") == repairedBefore {
+			t.Fatal("the Service still answers without its map element, and nothing repaired it; the test is broken")
+		}
+		if attempt == 5 {
+			t.Fatal("every deletion was repaired before a probe could see it broken")
+		}
+		t.Logf("attempt %d: the resync repaired the element before the probe; deleting it again", attempt)
+		before = driftCount("element")
 	}
 	loopharness.Eventually(t, "web repaired within syncPeriod (1 s, plus 2 s of slack for a loaded machine)", 3*time.Second, tp.reaches(ap("172.30.0.10", 80), "pod-a"))
 	t.Logf("repaired %v after the deletion", time.Since(deleted).Round(10*time.Millisecond))
