@@ -353,6 +353,13 @@ func TestSelectorsSentToTheAPIServer(t *testing.T) {
 		"nodes":          `labels="" fields="metadata.name=node-a"`,
 		"servicecidrs":   `labels="" fields=""`,
 	}
+	// Start waits for the Services, EndpointSlices and the Node, not for the ServiceCIDR
+	// informer's list, which may come later on a busy machine.
+	waitUntil(t, "every resource listed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) >= len(want)
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	for resource, w := range want {
