@@ -24,23 +24,29 @@ import (
 func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd := newRootCommand(stdout, stderr)
 	cmd.SetArgs(args)
-	if err := cmd.ExecuteContext(ctx); err != nil {
-		code := 1
-		var withCode *exitCodeError
-		if errors.As(err, &withCode) {
-			code = withCode.code
-			if withCode.err == nil {
-				return code
-			}
-		}
-		fmt.Fprintf(stderr, "Error: %v\n", err)
-		return code
-	}
-	return 0
+	return exitCode(cmd.ExecuteContext(ctx), stderr)
 }
 
-// newRootCommand builds `sluice`: run the proxy (the default), or the `version`, `status`
-// and `explain` subcommands.
+// exitCode turns what a command returned into the process exit code, printing the error
+// (unless an exitCodeError says the command has printed what it had to).
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	code := 1
+	var withCode *exitCodeError
+	if errors.As(err, &withCode) {
+		code = withCode.code
+		if withCode.err == nil {
+			return code
+		}
+	}
+	fmt.Fprintf(stderr, "Error: %v\n", err)
+	return code
+}
+
+// newRootCommand builds `sluice`: run the proxy (the default), or the `version`, `status`,
+// `explain`, `render` and `config check` subcommands.
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	opts := config.NewOptions()
 	var printVersion bool
@@ -84,7 +90,7 @@ It reads the same KubeProxyConfiguration file (--config) and flags as kube-proxy
 			return err
 		},
 	})
-	cmd.AddCommand(newStatusCommand(stdout), newExplainCommand(stdout), newRenderCommand(stdout))
+	cmd.AddCommand(newStatusCommand(stdout), newExplainCommand(stdout), newRenderCommand(stdout), newConfigCommand(stdout, stderr))
 	return cmd
 }
 
@@ -102,6 +108,7 @@ func runProxy(ctx context.Context, fs *pflag.FlagSet, opts *config.Options) erro
 		return fmt.Errorf("initializing logging: %w", err)
 	}
 	logger := klog.FromContext(ctx)
+	logConfigWarnings(logger, opts)
 	for _, flag := range opts.IgnoredFlags {
 		logger.Info("Warning: flag ignored because --config is given", "flag", flag, "config", opts.ConfigFile)
 	}
@@ -117,4 +124,17 @@ func runProxy(ctx context.Context, fs *pflag.FlagSet, opts *config.Options) erro
 		return nil
 	}
 	return app.Run(ctx, opts)
+}
+
+// logConfigWarnings logs, as an error, each field of the configuration file that upstream's
+// lenient decoding accepts and strict decoding refuses: sluice starts with it, as upstream
+// does, but the operator must see it (app.Run also counts it and puts it in an Event).
+func logConfigWarnings(logger klog.Logger, opts *config.Options) {
+	for _, w := range opts.ConfigWarnings {
+		msg := "Unknown configuration field ignored; run `sluice config check` on the file"
+		if w.Kind == config.DuplicateField {
+			msg = "Configuration field set more than once, the last value is used; run `sluice config check` on the file"
+		}
+		logger.Error(nil, msg, "field", w.Path, "config", opts.ConfigFile)
+	}
 }

@@ -80,9 +80,9 @@ func TestBadConfigurationExitsOneNamingTheField(t *testing.T) {
 		args []string
 		want string
 	}{
-		{name: "unknown field in the file",
-			args: []string{"--config", writeFile(t, header+"iptables:\n  syncPerod: 10s\n")},
-			want: `unknown field "iptables.syncPerod"`},
+		{name: "value of the wrong type in the file",
+			args: []string{"--config", writeFile(t, header+"iptables:\n  syncPeriod: often\n")},
+			want: `iptables.syncPeriod: invalid value "often"`},
 		{name: "invalid value in the file",
 			args: []string{"--config", writeFile(t, header+"mode: nftables\nnftables:\n  masqueradeBit: 40\n")},
 			want: "nftables.masqueradeBit: Invalid value: 40"},
@@ -133,6 +133,30 @@ func TestUnknownFeatureGateIsAWarning(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "ignoring InPlacePodVerticalScaling") {
 		t.Errorf("log %q does not warn about the ignored gate", logs.String())
+	}
+}
+
+// An unknown or duplicated field in --config does not stop sluice any more (issue 10: the
+// drop-in starts where upstream kube-proxy starts); each one is logged as an error naming
+// its path. `sluice config check` keeps the strict assertions (config_test.go).
+func TestUnknownAndDuplicateFieldsAreLoggedNotFatal(t *testing.T) {
+	header := "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	var logs, stdout, stderr bytes.Buffer
+	ctx := klog.NewContext(context.Background(), textlogger.NewLogger(textlogger.NewConfig(textlogger.Output(&logs))))
+	in := writeFile(t, header+"mode: iptables\nmode: nftables\nnftables:\n  syncPerod: 10s\n")
+	out := filepath.Join(t.TempDir(), "sluice.yaml")
+	code := execute(ctx, []string{"--config", in, "--write-config-to", out}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit code %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{`"Unknown configuration field ignored`, `field="nftables.syncPerod"`, `field="mode"`, "the last value is used"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, logs.String())
+		}
+	}
+	cfg, err := config.LoadFile(out)
+	if err != nil || cfg.Mode != "nftables" {
+		t.Errorf("written configuration: %v %+v", err, cfg)
 	}
 }
 

@@ -29,6 +29,9 @@ const Kind = "KubeProxyConfiguration"
 var (
 	scheme = runtime.NewScheme()
 	codecs = serializer.NewCodecFactory(scheme, serializer.EnableStrict)
+	// lenientCodecs decode as upstream's fallback does: unknown fields are dropped and the
+	// last of duplicated keys wins.
+	lenientCodecs = serializer.NewCodecFactory(scheme, serializer.DisableStrict)
 )
 
 func init() {
@@ -56,63 +59,129 @@ func (e *DecodeError) Error() string {
 	return fmt.Sprintf("decoding %s: %s", what, strings.Join(e.Problems, "; "))
 }
 
-// LoadFile reads and strictly decodes a KubeProxyConfiguration file (YAML or JSON). It does
-// not apply defaults: call SetDefaults (and, once flags are merged, ApplyPlatformDefaults).
+// LoadFile reads and strictly decodes a KubeProxyConfiguration file (YAML or JSON): see
+// Decode. It does not apply defaults: call SetDefaults (and, once flags are merged,
+// ApplyPlatformDefaults). The daemon loads its file with LoadFileLenient; LoadFile is for
+// tools and tests that must refuse what upstream would only warn about.
 func LoadFile(path string) (*v1alpha1.KubeProxyConfiguration, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := Decode(data)
+	return cfg, withSource(err, path)
+}
+
+// LoadFileLenient reads and decodes a KubeProxyConfiguration file as upstream kube-proxy
+// does: see DecodeLenient.
+func LoadFileLenient(path string) (*v1alpha1.KubeProxyConfiguration, []FieldWarning, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, warnings, err := DecodeLenient(data)
+	return cfg, warnings, withSource(err, path)
+}
+
+func readConfigFile(path string) ([]byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading configuration: %w", err)
 	}
-	cfg, err := Decode(data)
-	if err != nil {
-		var decodeErr *DecodeError
-		if errors.As(err, &decodeErr) {
-			decodeErr.Source = path
-		}
-		return nil, err
+	return data, nil
+}
+
+// withSource names the file in a *DecodeError.
+func withSource(err error, path string) error {
+	var decodeErr *DecodeError
+	if errors.As(err, &decodeErr) {
+		decodeErr.Source = path
 	}
-	return cfg, nil
+	return err
 }
 
 // Decode strictly decodes a kubeproxy.config.k8s.io/v1alpha1 KubeProxyConfiguration from
 // YAML or JSON. A wrong apiVersion or kind, an unknown or duplicated field, or a value of
-// the wrong type is an error (*DecodeError) naming the field's path. Unlike upstream there
-// is no lenient second attempt: a typo is reported, never silently ignored.
+// the wrong type is an error (*DecodeError) naming every such field by its path. This is
+// the gate of `sluice config check`; the daemon uses DecodeLenient, which starts where
+// upstream starts.
 func Decode(data []byte) (*v1alpha1.KubeProxyConfiguration, error) {
+	cfg, warnings, err := DecodeLenient(data)
+	if err != nil {
+		return nil, err
+	}
+	if len(warnings) > 0 {
+		problems := make([]string, len(warnings))
+		for i, w := range warnings {
+			problems[i] = w.String()
+		}
+		return nil, &DecodeError{Problems: problems}
+	}
+	return cfg, nil
+}
+
+// DecodeLenient decodes a KubeProxyConfiguration as upstream kube-proxy v1.37 does
+// (cmd/kube-proxy/app loadConfig): strictly first, and when only strictness failed (unknown
+// or duplicated fields, nothing else), again leniently. The lenient decode ignores unknown
+// fields and takes the last value of a duplicated one; each such field is returned as a
+// FieldWarning, in document order, for the caller to report. Anything else stays an error
+// (*DecodeError, every problem with its path): a wrong apiVersion or kind, a value of the
+// wrong type, a document that is not a YAML or JSON object. Values that validation refuses
+// are not looked at here.
+func DecodeLenient(data []byte) (*v1alpha1.KubeProxyConfiguration, []FieldWarning, error) {
 	jsonData, err := yaml.YAMLToJSON(data)
 	if err != nil {
-		return nil, &DecodeError{Problems: []string{fmt.Sprintf("not valid YAML or JSON: %v", err)}}
+		return nil, nil, &DecodeError{Problems: []string{fmt.Sprintf("not valid YAML or JSON: %v", err)}}
 	}
 	if problems := checkTypeMeta(jsonData); len(problems) > 0 {
-		return nil, &DecodeError{Problems: problems}
+		return nil, nil, &DecodeError{Problems: problems}
 	}
 
 	obj, _, decodeErr := codecs.UniversalDeserializer().Decode(data, nil, nil)
 	if decodeErr == nil {
-		cfg, ok := obj.(*v1alpha1.KubeProxyConfiguration)
-		if !ok {
-			return nil, &DecodeError{Problems: []string{fmt.Sprintf("decoded an unexpected type %T", obj)}}
-		}
-		return cfg, nil
+		cfg, err := asConfiguration(obj)
+		return cfg, nil, err
 	}
 
-	// Collect everything wrong, not just what the decoder stopped at: strict errors
-	// (unknown and duplicate fields, all of them) plus every value of the wrong type.
-	// The decoder reports strict problems only when the values all decoded; after a value
-	// of the wrong type it stops, so then the walk looks for unknown fields too.
-	var problems []string
+	configType := reflect.TypeFor[v1alpha1.KubeProxyConfiguration]()
+	warnings := findFieldWarnings(data, configType)
 	strictErr, strict := runtime.AsStrictDecodingError(decodeErr)
 	if strict {
-		for _, e := range strictErr.Errors() {
-			// YAML duplicate-key errors span lines ("yaml: unmarshal errors:\n  line 7: ...").
-			problems = append(problems, strings.Join(strings.Fields(e.Error()), " "))
+		if len(warnings) == 0 {
+			// Not expected: the walk finds what the strict decoder finds. Keep the
+			// decoder's own words rather than lose the warnings.
+			for _, e := range strictErr.Errors() {
+				warnings = append(warnings, FieldWarning{Kind: UnknownField, Path: strings.Join(strings.Fields(e.Error()), " ")})
+			}
 		}
+		obj, _, lenientErr := lenientCodecs.UniversalDeserializer().Decode(data, nil, nil)
+		if lenientErr == nil {
+			cfg, err := asConfiguration(obj)
+			return cfg, warnings, err
+		}
+		// As upstream: the lenient decode failed too, so the file is refused.
 	}
-	problems = append(problems, findValueErrors(jsonData, reflect.TypeFor[v1alpha1.KubeProxyConfiguration](), !strict)...)
+
+	// Collect everything wrong, not just what the decoder stopped at: every unknown and
+	// duplicated field, and every value of the wrong type (the decoder reports only the
+	// first, and for types with their own UnmarshalJSON without saying which field).
+	var problems []string
+	for _, w := range warnings {
+		problems = append(problems, w.String())
+	}
+	problems = append(problems, findValueErrors(jsonData, configType)...)
 	if len(problems) == 0 {
 		problems = []string{decodeErr.Error()}
 	}
-	return nil, &DecodeError{Problems: problems}
+	return nil, nil, &DecodeError{Problems: problems}
+}
+
+func asConfiguration(obj runtime.Object) (*v1alpha1.KubeProxyConfiguration, error) {
+	cfg, ok := obj.(*v1alpha1.KubeProxyConfiguration)
+	if !ok {
+		return nil, &DecodeError{Problems: []string{fmt.Sprintf("decoded an unexpected type %T", obj)}}
+	}
+	return cfg, nil
 }
 
 // checkTypeMeta reports a missing or wrong apiVersion or kind with the values expected, a
@@ -143,18 +212,18 @@ func checkTypeMeta(jsonData []byte) []string {
 }
 
 // findValueErrors walks the JSON document alongside the Go type it decodes into and
-// reports every value that the type rejects, with its path, and (with reportUnknown)
-// every field the type does not have. The decoder itself only reports the first such
-// value, and for types with their own UnmarshalJSON (durations, quantities) without
-// saying which field it was.
-func findValueErrors(jsonData []byte, t reflect.Type, reportUnknown bool) []string {
+// reports every value that the type rejects, with its path. The decoder itself only
+// reports the first such value, and for types with their own UnmarshalJSON (durations,
+// quantities) without saying which field it was. Unknown fields are skipped: see
+// findFieldWarnings.
+func findValueErrors(jsonData []byte, t reflect.Type) []string {
 	dec := json.NewDecoder(bytes.NewReader(jsonData))
 	dec.UseNumber()
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
 		return nil
 	}
-	w := valueWalker{reportUnknown: reportUnknown}
+	var w valueWalker
 	w.walk(doc, t, nil)
 	return w.problems
 }
@@ -162,8 +231,7 @@ func findValueErrors(jsonData []byte, t reflect.Type, reportUnknown bool) []stri
 var jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
 type valueWalker struct {
-	reportUnknown bool
-	problems      []string
+	problems []string
 }
 
 func (w *valueWalker) walk(value any, t reflect.Type, path *field.Path) {
@@ -181,8 +249,6 @@ func (w *valueWalker) walk(value any, t reflect.Type, path *field.Path) {
 			for _, key := range sortedKeys(object) {
 				if ft, known := fields[key]; known {
 					w.walk(object[key], ft, path.Child(key))
-				} else if w.reportUnknown {
-					w.problems = append(w.problems, fmt.Sprintf("unknown field %q", path.Child(key).String()))
 				}
 			}
 			return

@@ -2,9 +2,13 @@ package config
 
 import (
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/kube-proxy/config/v1alpha1"
 )
 
 const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -30,7 +34,13 @@ func TestDecodeRejectsWithFieldPaths(t *testing.T) {
 			wantProblems: []string{`unknown field "foo"`, `unknown field "conntrack.maxPerCpu"`, `unknown field "detectLocal.bridge"`}},
 		{name: "duplicate field",
 			in:           header + "mode: iptables\nmode: nftables\n",
-			wantProblems: []string{`"mode" already set`}},
+			wantProblems: []string{`duplicate field "mode"`}},
+		{name: "nested duplicate field",
+			in:           header + "iptables:\n  syncPeriod: 10s\n  syncPeriod: 20s\n",
+			wantProblems: []string{`duplicate field "iptables.syncPeriod"`}},
+		{name: "duplicate field and wrong type together",
+			in:           header + "mode: iptables\nmode: nftables\nclientConnection:\n  burst: many\n",
+			wantProblems: []string{`duplicate field "mode"`, `clientConnection.burst: invalid value "many"`}},
 		{name: "wrong type for an integer",
 			in:           header + "iptables:\n  masqueradeBit: fourteen\n",
 			wantProblems: []string{`iptables.masqueradeBit: invalid value "fourteen": expected an integer`}},
@@ -145,5 +155,116 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	}
 	if !equalConfigs(cfg, back) {
 		t.Errorf("round trip changed the configuration:\n%s", data)
+	}
+}
+
+// Upstream v1.37 (cmd/kube-proxy/app loadConfig) decodes strictly, and when only
+// strictness failed decodes again leniently and starts. sluice does the same, and names
+// every field the lenient decode ignored or overrode.
+func TestDecodeLenientStartsWhereUpstreamStarts(t *testing.T) {
+	tests := []struct {
+		name         string
+		in           string
+		wantWarnings []FieldWarning
+		check        func(t *testing.T, cfg *v1alpha1.KubeProxyConfiguration)
+	}{
+		{name: "clean file: no warnings",
+			in: header + "mode: nftables\n"},
+		{name: "unknown fields are ignored",
+			in:           header + "mode: nftables\nmdoe: ipvs\niptables:\n  syncPerod: 10s\n  syncPeriod: 20s\n",
+			wantWarnings: []FieldWarning{{UnknownField, "mdoe"}, {UnknownField, "iptables.syncPerod"}},
+			check: func(t *testing.T, cfg *v1alpha1.KubeProxyConfiguration) {
+				if cfg.Mode != "nftables" || cfg.IPTables.SyncPeriod.Duration != 20*time.Second {
+					t.Errorf("mode %q, iptables.syncPeriod %v", cfg.Mode, cfg.IPTables.SyncPeriod)
+				}
+			}},
+		{name: "the last of duplicated keys wins, at any depth",
+			in:           header + "mode: iptables\nmode: nftables\nnftables:\n  syncPeriod: 5s\n  syncPeriod: 7s\nfeatureGates:\n  NFTablesNetlink: true\n  NFTablesNetlink: false\n",
+			wantWarnings: []FieldWarning{{DuplicateField, "mode"}, {DuplicateField, "nftables.syncPeriod"}, {DuplicateField, "featureGates[NFTablesNetlink]"}},
+			check: func(t *testing.T, cfg *v1alpha1.KubeProxyConfiguration) {
+				if cfg.Mode != "nftables" || cfg.NFTables.SyncPeriod.Duration != 7*time.Second || cfg.FeatureGates["NFTablesNetlink"] {
+					t.Errorf("mode %q, nftables.syncPeriod %v, gates %v", cfg.Mode, cfg.NFTables.SyncPeriod, cfg.FeatureGates)
+				}
+			}},
+		{name: "a duplicated unknown field is one warning",
+			in:           header + "bogus: 1\nbogus: 2\n",
+			wantWarnings: []FieldWarning{{UnknownField, "bogus"}}},
+		{name: "unknown fields below an unknown field are not listed again",
+			in:           header + "extra:\n  a: 1\n  a: 2\n",
+			wantWarnings: []FieldWarning{{UnknownField, "extra"}}},
+		{name: "warnings come in document order",
+			in:           header + "zeta: 1\nconntrack:\n  maxPerCpu: 5\nalpha: 2\n",
+			wantWarnings: []FieldWarning{{UnknownField, "zeta"}, {UnknownField, "conntrack.maxPerCpu"}, {UnknownField, "alpha"}}},
+		{name: "inside lists",
+			in:           header + "logging:\n  vmodule:\n  - filePattern: a*\n    verbosity: 2\n    verbosty: 3\n",
+			wantWarnings: []FieldWarning{{UnknownField, "logging.vmodule[0].verbosty"}}},
+		{name: "JSON",
+			in:           `{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "mode": "iptables", "mode": "nftables", "ipvs": {"shceduler": "rr"}}`,
+			wantWarnings: []FieldWarning{{DuplicateField, "mode"}, {UnknownField, "ipvs.shceduler"}},
+			check: func(t *testing.T, cfg *v1alpha1.KubeProxyConfiguration) {
+				if cfg.Mode != "nftables" {
+					t.Errorf("mode %q", cfg.Mode)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, warnings, err := DecodeLenient([]byte(tt.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(warnings, tt.wantWarnings) {
+				t.Errorf("warnings %v, want %v", warnings, tt.wantWarnings)
+			}
+			if tt.check != nil {
+				tt.check(t, cfg)
+			}
+			// The strict decode refuses exactly what was warned about.
+			_, strictErr := Decode([]byte(tt.in))
+			if (strictErr != nil) != (len(tt.wantWarnings) > 0) {
+				t.Errorf("Decode: %v", strictErr)
+			}
+			for _, w := range tt.wantWarnings {
+				if strictErr != nil && !strings.Contains(strictErr.Error(), strconv.Quote(w.Path)) {
+					t.Errorf("Decode's error %v does not name %s", strictErr, w.Path)
+				}
+			}
+		})
+	}
+}
+
+// What upstream refuses even leniently stays an error, with every problem named.
+func TestDecodeLenientRefusesWhatUpstreamRefuses(t *testing.T) {
+	for name, tt := range map[string]struct{ in, want string }{
+		"wrong type":           {header + "bogus: 1\nclientConnection:\n  burst: many\n", `clientConnection.burst: invalid value "many"`},
+		"wrong type, unknown":  {header + "bogus: 1\nclientConnection:\n  burst: many\n", `unknown field "bogus"`},
+		"wrong kind":           {"apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\nbogus: 1\n", `kind: unsupported value`},
+		"not YAML":             {header + "mode: [unclosed\n", "not valid YAML or JSON"},
+		"unparsable duration":  {header + "mdoe: x\nnftables:\n  syncPeriod: soon\n", `nftables.syncPeriod: invalid value "soon"`},
+		"list where a string":  {header + "mode: [nftables]\n", `mode: invalid value ["nftables"]`},
+		"duplicate beside bad": {header + "mode: a\nmode: b\noomScoreAdj: low\n", `duplicate field "mode"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, warnings, err := DecodeLenient([]byte(tt.in))
+			if err == nil {
+				t.Fatalf("accepted: %+v, warnings %v", cfg, warnings)
+			}
+			var decodeErr *DecodeError
+			if !errors.As(err, &decodeErr) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v (%T) does not mention %q", err, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadFileLenientNamesTheFile(t *testing.T) {
+	path := writeConfig(t, "iptables:\n  syncPerod: 1s\n")
+	cfg, warnings, err := LoadFileLenient(path)
+	if err != nil || cfg == nil || len(warnings) != 1 || warnings[0].Path != "iptables.syncPerod" {
+		t.Errorf("LoadFileLenient: %v %v %v", cfg, warnings, err)
+	}
+	_, _, err = LoadFileLenient(writeConfig(t, "oomScoreAdj: low\n"))
+	if err == nil || !strings.Contains(err.Error(), "config.yaml") {
+		t.Errorf("error %v should name the file", err)
 	}
 }

@@ -53,6 +53,10 @@ type Options struct {
 	// IgnoredFeatureGates are the gates of Config.FeatureGates that sluice does not know
 	// and ignored (sorted; see IgnoredFeatureGatesWarning), set by Complete.
 	IgnoredFeatureGates []string
+	// ConfigWarnings are the fields of the --config file that only a lenient decode
+	// accepted (unknown or duplicated; see DecodeLenient), set by Complete. sluice starts
+	// with them, as upstream does, and reports each one (log, Event, metric).
+	ConfigWarnings []FieldWarning
 	// IgnoredFlags names the flags given on the command line that had no effect because
 	// --config replaced them, so that the caller can warn about them (upstream ignores
 	// them silently).
@@ -245,7 +249,8 @@ func (e *ValidationError) Error() string {
 // Complete builds the configuration in effect after the flags in fs have been parsed,
 // following upstream's precedence:
 //
-//   - With --config, the file (strictly decoded, then defaulted) replaces every
+//   - With --config, the file (decoded as upstream does, strictly with a lenient
+//     fallback that records ConfigWarnings, then defaulted) replaces every
 //     configuration flag. Logging flags that were set are copied over it (their vmodule
 //     entries come before the file's), and --hostname-override and --master still apply.
 //   - Without it, the flags are the configuration. --iptables-sync-period and
@@ -261,10 +266,11 @@ func (e *ValidationError) Error() string {
 func (o *Options) Complete(fs *pflag.FlagSet) error {
 	var cfg *v1alpha1.KubeProxyConfiguration
 	if o.ConfigFile != "" {
-		loaded, err := LoadFile(o.ConfigFile)
+		loaded, warnings, err := LoadFileLenient(o.ConfigFile)
 		if err != nil {
 			return err
 		}
+		o.ConfigWarnings = warnings
 		SetDefaults(loaded)
 		if err := copyChangedLoggingFlags(fs, &loaded.Logging); err != nil {
 			return err

@@ -299,10 +299,27 @@ func TestInvalidConfigurationNamesTheFields(t *testing.T) {
 		t.Errorf("file error %v should name the file and the field", err)
 	}
 
-	_, err = complete(t, "--config", writeConfig(t, "iptables:\n  syncPerod: 1s\n"))
+	_, err = complete(t, "--config", writeConfig(t, "iptables:\n  syncPeriod: often\n"))
 	var derr *DecodeError
-	if !errors.As(err, &derr) || !strings.Contains(err.Error(), "iptables.syncPerod") {
+	if !errors.As(err, &derr) || !strings.Contains(err.Error(), "iptables.syncPeriod") {
 		t.Errorf("decode error %v should name the field", err)
+	}
+}
+
+// An unknown or duplicated field no longer stops sluice (issue 10: start where upstream
+// starts): Complete succeeds and carries each field, by path, to the daemon, which reports
+// it. `sluice config check` is where such a file is refused.
+func TestUnknownAndDuplicateFieldsBecomeWarnings(t *testing.T) {
+	o, err := complete(t, "--config", writeConfig(t, "mode: iptables\nmode: nftables\nnftables:\n  syncPerod: 1s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []FieldWarning{{DuplicateField, "mode"}, {UnknownField, "nftables.syncPerod"}}
+	if !slices.Equal(o.ConfigWarnings, want) {
+		t.Errorf("ConfigWarnings %v, want %v", o.ConfigWarnings, want)
+	}
+	if o.Effective.Mode != "nftables" || o.Effective.SyncPeriod != DefaultSyncPeriod {
+		t.Errorf("mode %s, sync period %v: the lenient decode's values are not in effect", o.Effective.Mode, o.Effective.SyncPeriod)
 	}
 }
 

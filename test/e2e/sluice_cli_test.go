@@ -49,9 +49,6 @@ func TestSluiceRejectsBadConfiguration(t *testing.T) {
 	for _, tc := range []struct {
 		name, config, wantInStderr string
 	}{
-		{"unknown field", "mode: iptables\nbogusField: 1\n", `"bogusField"`},
-		{"unknown nested field", "mode: iptables\niptables:\n  syncPeriod: 30s\n  unknownInner: x\n", "iptables.unknownInner"},
-		{"misspelt field", "mode: iptables\nnodePortAddress: [\"10.0.0.0/8\"]\n", `"nodePortAddress"`},
 		{"unknown mode", "mode: fastest\n", "mode"},
 		{"value out of range", "mode: iptables\niptables:\n  masqueradeBit: 40\n", "iptables.masqueradeBit"},
 		{"minSyncPeriod above syncPeriod", "mode: iptables\niptables:\n  syncPeriod: 1s\n  minSyncPeriod: 5s\n", "iptables.minSyncPeriod"},
@@ -87,6 +84,43 @@ func TestSluiceRejectsBadConfiguration(t *testing.T) {
 			t.Errorf("exit code %d, stderr:\n%s", code, stderr)
 		}
 	})
+}
+
+// Unknown and duplicated fields no longer stop the daemon (issue 10: it starts where
+// upstream kube-proxy starts, with a warning naming the field); `sluice config check` is
+// where they are refused.
+func TestSluiceStartsWithUnknownFieldsAndConfigCheckRefusesThem(t *testing.T) {
+	const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, tc := range []struct {
+		name, config, field string
+	}{
+		{"unknown field", "mode: iptables\nbogusField: 1\n", `"bogusField"`},
+		{"unknown nested field", "mode: iptables\niptables:\n  syncPeriod: 30s\n  unknownInner: x\n", `"iptables.unknownInner"`},
+		{"misspelt field", "mode: iptables\nnodePortAddress: [\"10.0.0.0/8\"]\n", `"nodePortAddress"`},
+		{"duplicated field", "mode: iptables\nmode: nftables\n", `"mode"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			config := header + tc.config + "clientConnection:\n  kubeconfig: /nonexistent/kubeconfig\n"
+			if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// The daemon gets past the configuration (and stops at the missing kubeconfig),
+			// having logged the field. The recording backend keeps it from touching the
+			// machine's sysctls should it ever get further.
+			code, _, stderr := runSluice(t, "--config", path, "--backend", "recording")
+			if code != 1 || !strings.Contains(stderr, "/nonexistent/kubeconfig") {
+				t.Errorf("exit code %d, want 1 for the missing kubeconfig; stderr:\n%s", code, stderr)
+			}
+			if !strings.Contains(stderr, "field="+tc.field) {
+				t.Errorf("stderr does not name %s:\n%s", tc.field, stderr)
+			}
+			code, _, stderr = runSluice(t, "config", "check", path)
+			if code != 1 || !strings.Contains(stderr, tc.field) {
+				t.Errorf("config check: exit code %d, stderr:\n%s", code, stderr)
+			}
+		})
+	}
 }
 
 func TestSluiceWritesALoadableConfig(t *testing.T) {
