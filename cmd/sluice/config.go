@@ -123,7 +123,9 @@ func unwrapConfigMap(data []byte, name string) ([]byte, string, error) {
 func printSettings(w io.Writer, r config.CheckResult) error {
 	e, cfg := r.Effective, r.Config
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(key, format string, args ...any) { fmt.Fprintf(tw, "  %s\t%s\n", key, fmt.Sprintf(format, args...)) }
+	row := func(key, format string, args ...any) {
+		fmt.Fprintf(tw, "  %s\t%s\n", key, fmt.Sprintf(format, args...))
+	}
 
 	row("mode", "%s%s", e.Mode, map[bool]string{true: " (not set: iptables, upstream's default; sluice warns at start)"}[e.ModeDefaulted])
 	row("syncPeriod", "%s (retry after a failure; /livez fails after 2 x syncPeriod without progress)", e.SyncPeriod)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/events"
 	"github.com/sluiceproxy/sluice/pkg/health"
@@ -30,31 +31,29 @@ const nodeWaitTimeout = 30 * time.Second
 //
 // o has been through config.Options.Complete: o.Config is the defaulted, validated
 // KubeProxyConfiguration (what /configz serves), o.Effective its typed view, o.FeatureGates
-// the evaluated gates. Logging is already configured; --write-config-to is handled before
-// Run is called.
+// the evaluated gates, o.ConfigWarnings the fields of the file only a lenient decode
+// accepted (cmd/sluice has logged them; Run counts them and reports them in an Event).
+// Logging is already configured; --write-config-to is handled before Run is called.
+//
+// The order is what keeps a fleet rollout safe: /livez and /healthz listen before anything
+// that can wait (the Node, the backends), and nothing the node's environment can make
+// impossible (a read-only /proc/sys, a Node without pod CIDRs) stops sluice from starting:
+// each is a warning with a log line, a metric and an Event.
 func Run(ctx context.Context, o *config.Options) error {
 	logger := klog.FromContext(ctx)
 	e := o.Effective
 	if o.Cleanup {
 		return cleanupAll(ctx)
 	}
+	mode := e.Mode
+	if o.Backend != "" {
+		mode = dataplane.Mode(o.Backend)
+	}
 	// The recording backend programs nothing, so it changes no sysctl either (tests run it
 	// in namespaces they do not own).
-	if o.Backend != string(dataplane.ModeRecording) {
-		if err := platformSetup(ctx, e); err != nil {
-			return err
-		}
-	}
+	programs := o.Backend != string(dataplane.ModeRecording)
 	if o.InitOnly {
-		mode := e.Mode
-		if o.Backend != "" {
-			mode = dataplane.Mode(o.Backend)
-		}
-		if err := modeSetup(ctx, mode, e, supportedFamilies(ctx, mode), kernelModeSetup); err != nil {
-			return err
-		}
-		logger.Info("Initialization done (--init-only); exiting", "mode", mode)
-		return nil
+		return initOnly(ctx, mode, e, programs)
 	}
 
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -63,10 +62,6 @@ func Run(ctx context.Context, o *config.Options) error {
 	client, err := newClient(o)
 	if err != nil {
 		return err
-	}
-	mode := e.Mode
-	if o.Backend != "" {
-		mode = dataplane.Mode(o.Backend)
 	}
 	metrics.Register(string(e.Mode))
 	conntrackHealth := registerConntrackHealth(logger)
@@ -80,6 +75,25 @@ func Run(ctx context.Context, o *config.Options) error {
 	if err := electEventReporters(ctx, o, reporter); err != nil {
 		return err
 	}
+	warnings := newStartupWarnings(logger)
+	warnings.configFields(o.ConfigWarnings)
+
+	// Alive before ready: the health server answers from the start. Until the Node is
+	// read, /healthz says 503 with nodeEligible false and /livez 200, as upstream's server
+	// does without a Node; neither waits for the first sync (see pkg/health).
+	proxyHealth := health.NewProxyHealthServer(e.HealthzBindAddress, 2*e.SyncPeriod)
+	servers := &servers{options: o, mode: mode, reporter: reporter}
+	go servers.runHealthz(ctx, proxyHealth, cancel)
+
+	// The privileged init container (--init-only) wrote the sysctls; this container may
+	// not be able to, so a value that has changed since is a warning, not a failed start.
+	sysctls := warnings.tolerantSysctls()
+	if programs {
+		setOOMScore(e.OOMScoreAdj, warnings)
+		if err := setConntrackSysctls(ctx, e, conntrack.Kernel{Sysctls: sysctls, ModuleParameters: warnings.tolerantModuleParameters()}); err != nil {
+			return err
+		}
+	}
 
 	w, err := watch.New(client, e.NodeName, e.ConfigSyncPeriod)
 	if err != nil {
@@ -89,19 +103,20 @@ func Run(ctx context.Context, o *config.Options) error {
 	// The node comes first: its IPs decide the families' primary addresses and
 	// nodePortAddresses "primary", its pod CIDRs the NodeCIDR local detector.
 	nodes := newNodeWatcher(e, cancel)
-	proxyHealth := health.NewProxyHealthServer(e.HealthzBindAddress, 2*e.SyncPeriod)
 	nodes.onNode = proxyHealth.SyncNode
-	node, err := nodes.waitForNode(ctx, client, nodeWaitTimeout)
+	node, err := nodes.waitForNode(ctx, client.CoreV1().Nodes(), nodeWaitTimeout)
 	if err != nil {
 		return err
 	}
 	families := supportedFamilies(ctx, e.Mode)
 	logger.Info("Starting sluice", "mode", e.Mode, "backend", mode, "node", e.NodeName, "families", familyNames(families), "nodeIPs", node.IPs)
+	reportLocalDetection(logger, e, node, families, reporter)
 
-	backends, err := newBackends(ctx, mode, e, node, families)
+	backends, err := newBackends(ctx, mode, e, node, families, sysctls)
 	if err != nil {
 		return err
 	}
+	warnings.report(reporter)
 
 	var loop *syncloop.Loop
 	tracker := model.NewTracker(model.TrackerConfig{
@@ -154,8 +169,7 @@ func Run(ctx context.Context, o *config.Options) error {
 		}
 	}
 
-	servers := &servers{options: o, mode: mode, tracker: tracker, loop: loop, families: families, reporter: reporter, conntrack: conntrackHealth}
-	go servers.runHealthz(ctx, proxyHealth, cancel)
+	servers.tracker, servers.loop, servers.families, servers.conntrack = tracker, loop, families, conntrackHealth
 	go servers.runMetrics(ctx, cancel)
 	if o.ConfigFile != "" {
 		go watchConfigFile(ctx, o.ConfigFile, cancel)
@@ -187,4 +201,21 @@ func Run(ctx context.Context, o *config.Options) error {
 		return cause
 	}
 	return err
+}
+
+// initOnly does what --init-only is for, in the privileged init container: the conntrack
+// sysctls and the configured mode's node setup, where every failed write is an error (that
+// container's job is to make them). The OOM score is left alone, as upstream does under
+// --init-only: the process exits at once.
+func initOnly(ctx context.Context, mode dataplane.Mode, e *config.Effective, programs bool) error {
+	if programs {
+		if err := setConntrackSysctls(ctx, e, conntrack.Kernel{}); err != nil {
+			return err
+		}
+		if err := modeSetup(ctx, mode, e, supportedFamilies(ctx, mode), kernelModeSetup); err != nil {
+			return err
+		}
+	}
+	klog.FromContext(ctx).Info("Initialization done (--init-only); exiting", "mode", mode)
+	return nil
 }

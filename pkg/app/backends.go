@@ -20,8 +20,9 @@ import (
 )
 
 // newBackends builds one backend per family. The configured mode's constructor also
-// removes the other modes' leftovers.
-func newBackends(ctx context.Context, mode dataplane.Mode, e *config.Effective, node model.NodeInfo, families []model.IPFamily) ([]dataplane.Backend, error) {
+// removes the other modes' leftovers. The sysctls a mode sets (iptables: route_localnet;
+// ipvs: its net/ipv4/vs and ARP settings) go through sysctls.
+func newBackends(ctx context.Context, mode dataplane.Mode, e *config.Effective, node model.NodeInfo, families []model.IPFamily, sysctls hostnet.Sysctls) ([]dataplane.Backend, error) {
 	var out []dataplane.Backend
 	for _, f := range families {
 		cfg := e.DataplaneConfig(f, node)
@@ -29,11 +30,11 @@ func newBackends(ctx context.Context, mode dataplane.Mode, e *config.Effective, 
 		var err error
 		switch mode {
 		case dataplane.ModeIPTables:
-			b, err = iptables.New(ctx, cfg)
+			b, err = iptables.New(ctx, cfg, iptables.WithSysctls(sysctls))
 		case dataplane.ModeNFTables:
 			b, err = nftables.New(ctx, cfg)
 		case dataplane.ModeIPVS:
-			b, err = ipvs.New(ctx, cfg, ipvsSettings(e, f))
+			b, err = ipvs.New(ctx, cfg, ipvsSettings(e, f), ipvs.WithSysctls(sysctls))
 		case dataplane.ModeRecording:
 			b = recording.New(f)
 		default:

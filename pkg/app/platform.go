@@ -7,9 +7,8 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
-
-	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/conntrack"
@@ -20,15 +19,30 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/syncloop"
 )
 
-// platformSetup does the privileged node setup every mode shares (upstream's
-// platformSetup): the OOM score and the conntrack sysctls. Failures to set the OOM score
-// are only logged, as upstream.
-func platformSetup(ctx context.Context, e *config.Effective) error {
-	logger := klog.FromContext(ctx)
-	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(e.OOMScoreAdj)), 0o644); err != nil {
-		logger.Info("Could not set the OOM score", "oomScoreAdj", e.OOMScoreAdj, "err", err)
+// oomScoreAdjPath is where a process sets its own OOM score.
+const oomScoreAdjPath = "/proc/self/oom_score_adj"
+
+// setOOMScore sets this process's oom_score_adj, unless it has that value already. A
+// failure is a warning, never a reason not to start (upstream only logs it): lowering the
+// score needs CAP_SYS_RESOURCE, which a hardened container may not grant, and the kubelet's
+// score for a critical pod is close anyway.
+func setOOMScore(score int, warnings *startupWarnings) {
+	if cur, err := os.ReadFile(oomScoreAdjPath); err == nil && strings.TrimSpace(string(cur)) == strconv.Itoa(score) {
+		return
 	}
-	return setConntrackSysctls(ctx, e)
+	if err := os.WriteFile(oomScoreAdjPath, []byte(strconv.Itoa(score)), 0o644); err != nil {
+		warnings.settingNotWritten("oom_score_adj", score, err)
+	}
+}
+
+// setConntrackSysctls sets the conntrack sysctls every mode shares (upstream's
+// platformSetup) through k: the machine's own for --init-only, where a failure is an error,
+// or tolerant ones that turn a write the container may not make into a warning.
+func setConntrackSysctls(ctx context.Context, e *config.Effective, k conntrack.Kernel) error {
+	if err := conntrack.ApplySysctls(ctx, conntrack.Settings(e.Conntrack), k); err != nil {
+		return fmt.Errorf("setting conntrack sysctls: %w", err)
+	}
+	return nil
 }
 
 // modeSetupSteps are the privileged setup steps of the modes that have any beyond
@@ -44,11 +58,12 @@ var kernelModeSetup = modeSetupSteps{
 	ipvs:     func(ctx context.Context, s ipvs.Settings) error { return ipvs.ApplyKernelSettings(ctx, s) },
 }
 
-// modeSetup does what --init-only adds to platformSetup, as upstream's proxiers do under
+// modeSetup does what --init-only adds to the conntrack sysctls, as upstream's proxiers do under
 // --init-only: the node setup the configured mode's backend would do at start, without
 // building it. iptables: route_localnet when NodePorts answer on localhost. ipvs: the IPVS
 // check, its sysctls (they are shared by both families) and IPVS's timeouts. nftables and
-// the recording backend have none.
+// the recording backend have none. Every failure is an error: the privileged init container
+// that runs it exists to make these writes.
 //
 // No Node object is read (--init-only stops before sluice talks to the API server), so a
 // nodePortAddresses "primary" resolves to no address and NodePorts count as served on every
@@ -106,11 +121,4 @@ func newConntrack(families []model.IPFamily) map[model.IPFamily]syncloop.Conntra
 		out[f] = conntrack.NewReconciler(f)
 	}
 	return out
-}
-
-func setConntrackSysctls(ctx context.Context, e *config.Effective) error {
-	if err := conntrack.ApplySysctls(ctx, conntrack.Settings(e.Conntrack)); err != nil {
-		return fmt.Errorf("setting conntrack sysctls: %w", err)
-	}
-	return nil
 }

@@ -2,11 +2,13 @@ package conntrack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,51 +17,56 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // Conventions: node 192.168.0.2; ClusterIPs 172.30.0.x; endpoints 10.0.x.y; port 53 → 5353.
 
-// fakeFS is an in-memory /proc/sys and /sys.
-type fakeFS struct {
-	files    map[string]string
+// fakeSysctls is an in-memory /proc/sys or /sys/module; names in readOnly refuse writes
+// as a read-only mount does.
+type fakeSysctls struct {
+	values   map[string]string
 	readOnly map[string]bool
-	writes   []string
+	writes   *[]string
 }
 
-func (f *fakeFS) ReadFile(name string) ([]byte, error) {
-	v, ok := f.files[name]
+func (f fakeSysctls) Get(name string) (int, error) {
+	v, ok := f.values[name]
 	if !ok {
-		return nil, &os.PathError{Op: "open", Path: name, Err: os.ErrNotExist}
+		return 0, &os.PathError{Op: "open", Path: name, Err: os.ErrNotExist}
 	}
-	return []byte(v + "\n"), nil
+	return strconv.Atoi(v)
 }
 
-func (f *fakeFS) WriteFile(name string, data []byte) error {
+func (f fakeSysctls) Set(name string, value int) error {
 	if f.readOnly[name] {
-		return &os.PathError{Op: "open", Path: name, Err: errors.New("read-only file system")}
+		return &os.PathError{Op: "open", Path: name, Err: syscall.EROFS}
 	}
-	f.files[name] = string(data)
-	f.writes = append(f.writes, name+"="+string(data))
+	f.values[name] = strconv.Itoa(value)
+	*f.writes = append(*f.writes, fmt.Sprintf("%s=%d", name, value))
 	return nil
 }
 
 func TestApplySysctls(t *testing.T) {
-	const max, hash = procNetfilter + "nf_conntrack_max", hashsizePath
+	const max, hash = sysctlMax, moduleParameterHashsize
 	for _, tc := range []struct {
-		name    string
-		s       Settings
-		cpus    int
-		files   map[string]string
-		want    map[string]string
-		writes  int
-		wantErr string
+		name     string
+		s        Settings
+		cpus     int
+		files    map[string]string
+		readOnly []string
+		tolerant bool
+		want     map[string]string
+		writes   int
+		warnings []string
+		wantErr  string
 	}{
 		{name: "upstream defaults on 2 CPUs: the minimum wins", cpus: 2,
 			s:     Settings{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 			files: map[string]string{max: "65536", hash: "16384"},
 			want: map[string]string{max: "131072", hash: "32768",
-				procNetfilter + "nf_conntrack_tcp_timeout_established": "86400", procNetfilter + "nf_conntrack_tcp_timeout_close_wait": "3600"},
+				sysctlTCPEstablished: "86400", sysctlTCPCloseWait: "3600"},
 			writes: 4},
 		{name: "per-core value wins on many CPUs", cpus: 16, s: Settings{MaxPerCore: 32768, Min: 131072},
 			files: map[string]string{max: "65536", hash: "16384"}, want: map[string]string{max: "524288", hash: "131072"}, writes: 2},
@@ -72,19 +79,43 @@ func TestApplySysctls(t *testing.T) {
 		{name: "zero leaves everything alone", cpus: 2, s: Settings{},
 			files: map[string]string{max: "1", hash: "1"}, want: map[string]string{max: "1", hash: "1"}, writes: 0},
 		{name: "liberal and UDP timeouts", cpus: 2, s: Settings{TCPBeLiberal: true, UDPTimeout: 30 * time.Second, UDPStreamTimeout: 2 * time.Minute},
-			files: map[string]string{}, want: map[string]string{procNetfilter + "nf_conntrack_tcp_be_liberal": "1",
-				procNetfilter + "nf_conntrack_udp_timeout": "30", procNetfilter + "nf_conntrack_udp_timeout_stream": "120"}, writes: 3},
+			files: map[string]string{}, want: map[string]string{sysctlTCPBeLiberal: "1",
+				sysctlUDPTimeout: "30", sysctlUDPStreamTimeout: "120"}, writes: 3},
 		{name: "values already set are not written", cpus: 2, s: Settings{TCPCloseWaitTimeout: time.Hour},
-			files: map[string]string{procNetfilter + "nf_conntrack_tcp_timeout_close_wait": "3600"}, writes: 0},
-		{name: "read-only /sys is reported", cpus: 2, s: Settings{MaxPerCore: 32768, Min: 131072},
-			files: map[string]string{max: "65536", hash: "16384"}, wantErr: "read-only"},
+			files: map[string]string{sysctlTCPCloseWait: "3600"}, writes: 0},
+		{name: "values already set on a read-only /proc/sys: no write, no error", cpus: 2,
+			s:        Settings{MaxPerCore: 32768, Min: 131072, TCPCloseWaitTimeout: time.Hour},
+			files:    map[string]string{max: "131072", hash: "32768", sysctlTCPCloseWait: "3600"},
+			readOnly: []string{max, hash, sysctlTCPCloseWait}, writes: 0},
+		{name: "read-only /sys is an error naming the hash size", cpus: 2, s: Settings{MaxPerCore: 32768, Min: 131072},
+			files: map[string]string{max: "65536", hash: "16384"}, readOnly: []string{hash}, wantErr: "read-only"},
+		{name: "read-only /proc/sys is an error", cpus: 2, s: Settings{TCPEstablishedTimeout: time.Hour},
+			files: map[string]string{sysctlTCPEstablished: "86400"}, readOnly: []string{sysctlTCPEstablished}, wantErr: sysctlTCPEstablished + "=3600"},
+		{name: "tolerant: every refused write is a warning, the rest is applied", cpus: 2, tolerant: true,
+			s:        Settings{MaxPerCore: 32768, Min: 131072, TCPEstablishedTimeout: time.Hour, TCPCloseWaitTimeout: time.Hour},
+			files:    map[string]string{max: "65536", hash: "16384", sysctlTCPEstablished: "86400", sysctlTCPCloseWait: "60"},
+			readOnly: []string{max, hash, sysctlTCPEstablished},
+			want:     map[string]string{max: "65536", hash: "16384", sysctlTCPEstablished: "86400", sysctlTCPCloseWait: "3600"},
+			writes:   1, warnings: []string{max + "=131072", hash + "=32768", sysctlTCPEstablished + "=3600"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := &fakeFS{files: tc.files}
-			if tc.wantErr != "" {
-				fs.readOnly = map[string]bool{hash: true}
+			var writes, warnings []string
+			readOnly := map[string]bool{}
+			for _, name := range tc.readOnly {
+				readOnly[name] = true
 			}
-			err := applySysctls(context.Background(), tc.s, fs, tc.cpus)
+			var sysctls, params hostnet.Sysctls = fakeSysctls{values: tc.files, readOnly: readOnly, writes: &writes},
+				fakeSysctls{values: tc.files, readOnly: readOnly, writes: &writes}
+			if tc.tolerant {
+				warn := func(name string, value int, err error) {
+					if !hostnet.IsNotWritable(err) {
+						t.Errorf("warned about %v", err)
+					}
+					warnings = append(warnings, fmt.Sprintf("%s=%d", name, value))
+				}
+				sysctls, params = hostnet.Tolerant{Sysctls: sysctls, Warn: warn}, hostnet.Tolerant{Sysctls: params, Warn: warn}
+			}
+			err := applySysctls(context.Background(), tc.s, Kernel{Sysctls: sysctls, ModuleParameters: params}, tc.cpus)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)
@@ -95,12 +126,15 @@ func TestApplySysctls(t *testing.T) {
 				t.Fatal(err)
 			}
 			for k, v := range tc.want {
-				if fs.files[k] != v {
-					t.Errorf("%s = %q, want %q", k, fs.files[k], v)
+				if tc.files[k] != v {
+					t.Errorf("%s = %q, want %q", k, tc.files[k], v)
 				}
 			}
-			if len(fs.writes) != tc.writes {
-				t.Errorf("writes = %q, want %d", fs.writes, tc.writes)
+			if len(writes) != tc.writes {
+				t.Errorf("writes = %q, want %d", writes, tc.writes)
+			}
+			if !slices.Equal(warnings, tc.warnings) {
+				t.Errorf("warnings = %q, want %q", warnings, tc.warnings)
 			}
 		})
 	}

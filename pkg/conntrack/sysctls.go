@@ -2,16 +2,14 @@ package conntrack
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
 	"k8s.io/utils/cpuset"
+
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
 
 // Settings are the conntrack section of the proxy configuration. A zero value leaves the
@@ -36,34 +34,45 @@ type Settings struct {
 // the product would reserve memory for far more connections than a node handles.
 const maxLimit = 1 << 20
 
+// The settings ApplySysctls reads and writes besides nf_conntrack_max (sysctlMax): sysctls
+// below /proc/sys, and the hash table size, a parameter of the nf_conntrack module below
+// /sys/module.
 const (
-	procNetfilter = "/proc/sys/net/netfilter/"
-	hashsizePath  = "/sys/module/nf_conntrack/parameters/hashsize"
+	sysctlTCPEstablished    = "net/netfilter/nf_conntrack_tcp_timeout_established"
+	sysctlTCPCloseWait      = "net/netfilter/nf_conntrack_tcp_timeout_close_wait"
+	sysctlTCPBeLiberal      = "net/netfilter/nf_conntrack_tcp_be_liberal"
+	sysctlUDPTimeout        = "net/netfilter/nf_conntrack_udp_timeout"
+	sysctlUDPStreamTimeout  = "net/netfilter/nf_conntrack_udp_timeout_stream"
+	moduleParameterHashsize = "nf_conntrack/parameters/hashsize"
 )
 
-// fileSystem reads and writes the sysctl and module parameter files. A seam for tests.
-type fileSystem interface {
-	ReadFile(name string) ([]byte, error)
-	WriteFile(name string, data []byte) error
-}
-
-type osFileSystem struct{}
-
-func (osFileSystem) ReadFile(name string) ([]byte, error) { return os.ReadFile(name) }
-func (osFileSystem) WriteFile(name string, data []byte) error {
-	return os.WriteFile(name, data, 0o640)
+// Kernel is where ApplySysctls reads and writes. A nil field is the machine's own.
+type Kernel struct {
+	// Sysctls holds the net/netfilter sysctls (default hostnet.ProcSys{}).
+	Sysctls hostnet.Sysctls
+	// ModuleParameters holds nf_conntrack/parameters/hashsize (default hostnet.SysModule()).
+	ModuleParameters hostnet.Sysctls
 }
 
 // ApplySysctls sets the conntrack sysctls as upstream kube-proxy does in every mode:
 // nf_conntrack_max is raised (never lowered) to max(MaxPerCore×CPUs, Min), the product
 // capped at 1 048 576; the hash table is raised to a quarter of it; the TCP timeouts, the
-// TCP "be liberal" switch and the UDP timeouts are set when configured.
+// TCP "be liberal" switch and the UDP timeouts are set when configured. A value the kernel
+// already has is not written, so a node prepared by its operator (or by the privileged
+// --init-only container) needs no write access.
 //
 // nf_conntrack_max and hashsize are global: only the host's initial network namespace may
 // change them. An error names the first setting that could not be written; the settings
-// before it were applied.
-func ApplySysctls(ctx context.Context, s Settings) error {
-	return applySysctls(ctx, s, osFileSystem{}, numCPU())
+// before it were applied. The daemon passes hostnet.Tolerant for both fields of k, so that
+// a write its container may not make is a warning and the rest is still applied.
+func ApplySysctls(ctx context.Context, s Settings, k Kernel) error {
+	if k.Sysctls == nil {
+		k.Sysctls = hostnet.ProcSys{}
+	}
+	if k.ModuleParameters == nil {
+		k.ModuleParameters = hostnet.SysModule()
+	}
+	return applySysctls(ctx, s, k, numCPU())
 }
 
 // numCPU counts the node's online CPUs. nf_conntrack_max is host-wide, so the process's
@@ -90,39 +99,29 @@ func conntrackMax(s Settings, cpus int) int {
 	return s.Min
 }
 
-func applySysctls(ctx context.Context, s Settings, fs fileSystem, cpus int) error {
+func applySysctls(ctx context.Context, s Settings, k Kernel, cpus int) error {
 	logger := klog.FromContext(ctx)
-	readInt := func(name string) (int, error) {
-		b, err := fs.ReadFile(name)
-		if err != nil {
-			return 0, err
-		}
-		return strconv.Atoi(strings.TrimSpace(string(b)))
-	}
-	set := func(name string, value int) error {
-		if cur, err := readInt(name); err == nil && cur == value {
+	set := func(to hostnet.Sysctls, name string, value int) error {
+		if cur, err := to.Get(name); err == nil && cur == value {
 			return nil
 		}
-		logger.Info("Setting conntrack parameter", "entry", strings.TrimPrefix(name, "/proc/sys/"), "value", value)
-		if err := fs.WriteFile(name, []byte(strconv.Itoa(value))); err != nil {
-			return fmt.Errorf("setting %s to %d: %w", name, value, err)
-		}
-		return nil
+		logger.Info("Setting conntrack parameter", "entry", name, "value", value)
+		return hostnet.EnsureSysctl(to, name, value)
 	}
 
 	if max := conntrackMax(s, cpus); max > 0 {
-		if cur, err := readInt(procNetfilter + "nf_conntrack_max"); err != nil || cur < max {
-			if err := set(procNetfilter+"nf_conntrack_max", max); err != nil {
+		if cur, err := k.Sysctls.Get(sysctlMax); err != nil || cur < max {
+			if err := set(k.Sysctls, sysctlMax, max); err != nil {
 				return err
 			}
 		}
-		hashsize, err := readInt(hashsizePath)
+		hashsize, err := k.ModuleParameters.Get(moduleParameterHashsize)
 		if err != nil {
 			return fmt.Errorf("reading conntrack hashsize: %w", err)
 		}
 		if hashsize < max/4 {
-			if err := set(hashsizePath, max/4); err != nil {
-				if errors.Is(err, os.ErrPermission) || isReadOnly(err) {
+			if err := set(k.ModuleParameters, moduleParameterHashsize, max/4); err != nil {
+				if hostnet.IsNotWritable(err) {
 					return fmt.Errorf("%w (is /sys mounted read-only? the hash table then stays at %d buckets)", err, hashsize)
 				}
 				return err
@@ -130,35 +129,23 @@ func applySysctls(ctx context.Context, s Settings, fs fileSystem, cpus int) erro
 		}
 	}
 	seconds := func(d time.Duration) int { return int(d / time.Second) }
-	if s.TCPEstablishedTimeout > 0 {
-		if err := set(procNetfilter+"nf_conntrack_tcp_timeout_established", seconds(s.TCPEstablishedTimeout)); err != nil {
-			return err
+	for _, t := range []struct {
+		name  string
+		value int
+		set   bool
+	}{
+		{sysctlTCPEstablished, seconds(s.TCPEstablishedTimeout), s.TCPEstablishedTimeout > 0},
+		{sysctlTCPCloseWait, seconds(s.TCPCloseWaitTimeout), s.TCPCloseWaitTimeout > 0},
+		{sysctlTCPBeLiberal, 1, s.TCPBeLiberal},
+		{sysctlUDPTimeout, seconds(s.UDPTimeout), s.UDPTimeout > 0},
+		{sysctlUDPStreamTimeout, seconds(s.UDPStreamTimeout), s.UDPStreamTimeout > 0},
+	} {
+		if !t.set {
+			continue
 		}
-	}
-	if s.TCPCloseWaitTimeout > 0 {
-		if err := set(procNetfilter+"nf_conntrack_tcp_timeout_close_wait", seconds(s.TCPCloseWaitTimeout)); err != nil {
-			return err
-		}
-	}
-	if s.TCPBeLiberal {
-		if err := set(procNetfilter+"nf_conntrack_tcp_be_liberal", 1); err != nil {
-			return err
-		}
-	}
-	if s.UDPTimeout > 0 {
-		if err := set(procNetfilter+"nf_conntrack_udp_timeout", seconds(s.UDPTimeout)); err != nil {
-			return err
-		}
-	}
-	if s.UDPStreamTimeout > 0 {
-		if err := set(procNetfilter+"nf_conntrack_udp_timeout_stream", seconds(s.UDPStreamTimeout)); err != nil {
+		if err := set(k.Sysctls, t.name, t.value); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func isReadOnly(err error) bool {
-	var pe *os.PathError
-	return errors.As(err, &pe) && strings.Contains(pe.Err.Error(), "read-only")
 }

@@ -45,6 +45,17 @@ const (
 	// ReasonFailedToStartMetricServer (Warning, on the Node): the metrics server could not
 	// start.
 	ReasonFailedToStartMetricServer = "FailedToStartMetricServer"
+	// ReasonConfigurationWarning (Warning, on the Node): the configuration file has fields
+	// that only a lenient decode accepts (unknown, duplicated); sluice started with it.
+	ReasonConfigurationWarning = "ConfigurationWarning"
+	// ReasonNodeSetupWarning (Warning, on the Node): kernel settings sluice could not write
+	// at start (read-only /proc/sys in an unprivileged container); it runs with the
+	// current values.
+	ReasonNodeSetupWarning = "NodeSetupWarning"
+	// ReasonNoLocalTrafficDetection (Warning, on the Node): detectLocalMode has no CIDR
+	// for the node's primary family (NodeCIDR and a Node without pod CIDRs, ClusterCIDR
+	// without clusterCIDR); Services are programmed without local-traffic detection.
+	ReasonNoLocalTrafficDetection = "NoLocalTrafficDetection"
 )
 
 // Broadcaster owns the client-go events broadcaster that writes Events to the API.

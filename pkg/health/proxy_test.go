@@ -89,6 +89,17 @@ func TestProxyHealthResponses(t *testing.T) {
 			wantLivezBody:   `{"lastUpdated":` + now + `,"currentTime":` + now + `,"healthy":true}`,
 		},
 		{
+			// The health server runs from sluice's first second, before the Node is read
+			// and before any sync, as upstream's answers without a Node: alive, not ready.
+			name:            "at start: no Node read, nothing synced",
+			setup:           func(*ProxyHealthServer) {},
+			node:            nil,
+			wantHealthz:     503,
+			wantLivez:       200,
+			wantHealthzBody: `{"lastUpdated":"0001-01-01T00:00:00Z","currentTime":` + now + `,"nodeEligible":false,"healthy":false}`,
+			wantLivezBody:   `{"lastUpdated":` + now + `,"currentTime":` + now + `,"healthy":true}`,
+		},
+		{
 			name:            "synced and nothing queued since",
 			setup:           func(s *ProxyHealthServer) { s.QueuedUpdate(model.IPv4); s.Updated(model.IPv4) },
 			node:            readyNode(),

@@ -2,9 +2,11 @@ package hostnet
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -103,3 +105,61 @@ func TestEnsureSysctlWritesOnlyWhatDiffers(t *testing.T) {
 		})
 	}
 }
+
+func TestIsNotWritable(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&os.PathError{Op: "open", Path: "/proc/sys/x", Err: syscall.EROFS}, true},
+		{&os.PathError{Op: "open", Path: "/proc/sys/x", Err: syscall.EACCES}, true},
+		{&os.PathError{Op: "open", Path: "/proc/sys/x", Err: syscall.EPERM}, true},
+		{fmt.Errorf("set sysctl x=1: %w", &os.PathError{Op: "open", Path: "/proc/sys/x", Err: syscall.EROFS}), true},
+		{&os.PathError{Op: "write", Path: "/proc/sys/x", Err: syscall.EINVAL}, false},
+		{&os.PathError{Op: "open", Path: "/proc/sys/x", Err: syscall.ENOENT}, false},
+		{nil, false},
+	} {
+		if got := IsNotWritable(tc.err); got != tc.want {
+			t.Errorf("IsNotWritable(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestTolerantTurnsRefusedWritesIntoWarnings(t *testing.T) {
+	const name = "net/ipv4/conf/all/route_localnet"
+	var warned []string
+	warn := func(n string, v int, err error) { warned = append(warned, fmt.Sprintf("%s=%d: %v", n, v, err)) }
+
+	refused := Tolerant{Sysctls: &fakeSysctls{values: map[string]int{name: 0}, fail: map[string]bool{name: true}}, Warn: warn}
+	if err := EnsureSysctl(refused, name, 1); err != nil {
+		t.Errorf("a refused write is an error: %v", err)
+	}
+	if len(warned) != 1 || !strings.HasPrefix(warned[0], name+"=1") {
+		t.Errorf("warnings %q", warned)
+	}
+
+	// A value already right is not written, so nothing is refused or warned about.
+	warned = nil
+	set := Tolerant{Sysctls: &fakeSysctls{values: map[string]int{name: 1}, fail: map[string]bool{name: true}}, Warn: warn}
+	if err := EnsureSysctl(set, name, 1); err != nil || len(warned) != 0 {
+		t.Errorf("err %v, warnings %q", err, warned)
+	}
+
+	// Other failures stay errors.
+	invalid := Tolerant{Sysctls: rejectingSysctls{syscall.EINVAL}, Warn: warn}
+	if err := invalid.Set(name, 7); !errors.Is(err, syscall.EINVAL) || len(warned) != 0 {
+		t.Errorf("err %v, warnings %q", err, warned)
+	}
+}
+
+func TestSysModuleReadsBelowSysModule(t *testing.T) {
+	if got := SysModule().path("nf_conntrack/parameters/hashsize"); got != "/sys/module/nf_conntrack/parameters/hashsize" {
+		t.Errorf("path = %q", got)
+	}
+}
+
+// rejectingSysctls fails every Set with err.
+type rejectingSysctls struct{ err error }
+
+func (r rejectingSysctls) Get(string) (int, error) { return 0, os.ErrNotExist }
+func (r rejectingSysctls) Set(string, int) error   { return r.err }

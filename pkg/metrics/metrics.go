@@ -190,6 +190,32 @@ var (
 		Help: "Kernel objects a full resync found different from what sluice last wrote, and repaired, by mode, IP family and kind",
 	}, []string{LabelMode, LabelIPFamily, LabelKind})
 
+	// ConfigWarnings is the number of fields of the configuration file that only a lenient
+	// decode accepted, by kind: "unknown_field" (ignored) or "duplicate_field" (the last
+	// value used). sluice starts with them, as upstream does; `sluice config check` refuses
+	// them.
+	ConfigWarnings = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_config_warnings",
+		Help: "Fields of the configuration file that strict decoding refuses and sluice ignored (unknown) or took the last value of (duplicate), by kind",
+	}, []string{"kind"})
+
+	// NodeSetupWarningsTotal counts kernel settings (sysctls, module parameters, the OOM
+	// score) that sluice wanted to change at start and was not allowed to, by setting. It
+	// runs with the current value instead of failing to start.
+	NodeSetupWarningsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_node_setup_warnings_total",
+		Help: "Kernel settings sluice could not write at start (read-only /proc/sys or /sys, missing privilege) and left as they were, by setting",
+	}, []string{"setting"})
+
+	// LocalTrafficDetectionMissing is 1 for a family whose detectLocalMode has nothing to
+	// work with (NodeCIDR without a pod CIDR of the family on the Node, ClusterCIDR without
+	// a clusterCIDR of the family): its Services are programmed without local-traffic
+	// detection. 0 otherwise.
+	LocalTrafficDetectionMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_local_traffic_detection_missing",
+		Help: "1 when the family is programmed without local-traffic detection because detectLocalMode has no CIDR for it",
+	}, []string{LabelIPFamily})
+
 	// InputProblemsTotal counts malformed fields found in Services and EndpointSlices.
 	InputProblemsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_input_problems_total",
@@ -251,6 +277,7 @@ func Register(mode string) {
 			ProxyHealthzTotal, ProxyLivezTotal, SyncProxyRulesNoLocalEndpointsTotal,
 			ReconcileConntrackFlowsLatency, ReconcileConntrackFlowsDeletedEntriesTotal,
 			SyncFailuresTotal, ServicesFailed, ServicePortsDesired, InputProblemsTotal,
+			ConfigWarnings, NodeSetupWarningsTotal, LocalTrafficDetectionMissing,
 		)
 		if _, ok := DriftKinds[mode]; ok {
 			Registry.MustRegister(DriftRepairsTotal)

@@ -127,14 +127,18 @@ func WithLocalAddresses(fn func() ([]netip.Addr, error)) Option {
 // WithClock replaces time.Now.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
+// WithSysctls sets and reads sysctls (route_localnet, nf_conntrack_tcp_be_liberal) through
+// s instead of /proc/sys: the daemon passes one that turns a write the container cannot make
+// into a warning (hostnet.Tolerant); tests pass a fake.
+func WithSysctls(s hostnet.Sysctls) Option { return func(o *options) { o.sysctl = s } }
+
 func withCommander(c commander, installed Flavour) Option {
 	return func(o *options) { o.cmd, o.installed = c, installed }
 }
-func withEditor(e ruleEditor) Option      { return func(o *options) { o.editor = e } }
-func withSysctl(s hostnet.Sysctls) Option { return func(o *options) { o.sysctl = s } }
-func withNFAcct(n nfacctClient) Option    { return func(o *options) { o.nfacct = n } }
-func withProbe(p flavourProbe) Option     { return func(o *options) { o.probe = p } }
-func withSaveListing() Option             { return func(o *options) { o.listChains = true } }
+func withEditor(e ruleEditor) Option   { return func(o *options) { o.editor = e } }
+func withNFAcct(n nfacctClient) Option { return func(o *options) { o.nfacct = n } }
+func withProbe(p flavourProbe) Option  { return func(o *options) { o.probe = p } }
+func withSaveListing() Option          { return func(o *options) { o.listChains = true } }
 func withFaultyServices(names ...types.NamespacedName) Option {
 	return withFault(func(n types.NamespacedName, _ []*model.ServicePort) bool { return slices.Contains(names, n) })
 }

@@ -365,7 +365,7 @@ func TestStartOverUpstreamRules(t *testing.T) {
 	_ = before
 
 	b, err := New(context.Background(), cfg, withCommander(k, FlavourLegacy), WithFlavour(FlavourLegacy), withEditor(k),
-		withSysctl(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
+		WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +609,7 @@ func TestRouteLocalnetOnlyWithLocalhostNodePorts(t *testing.T) {
 			cfg := testConfig(model.IPv4)
 			tc.cfg(&cfg)
 			sys := fakeSysctl{}
-			newTestBackend(t, cfg, FlavourLegacy, withSysctl(sys))
+			newTestBackend(t, cfg, FlavourLegacy, WithSysctls(sys))
 			if got := sys[sysctlRouteLocalnet] == 1; got != tc.want {
 				t.Errorf("route_localnet set = %v, want %v", got, tc.want)
 			}
@@ -618,7 +618,7 @@ func TestRouteLocalnetOnlyWithLocalhostNodePorts(t *testing.T) {
 }
 
 func TestTCPBeLiberalDropsTheInvalidRule(t *testing.T) {
-	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy, withSysctl(fakeSysctl{sysctlTCPBeLiberal: 1}))
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy, WithSysctls(fakeSysctl{sysctlTCPBeLiberal: 1}))
 	mustApply(t, b, featureWorld().state(model.IPv4), full())
 	for _, r := range k.rules(tableFilter, chainForward) {
 		if strings.Contains(r, "INVALID") {
@@ -641,7 +641,7 @@ func (l lockedKernel) Run(ctx context.Context, name string, args []string, stdin
 func TestLockTimeoutBlamesNoService(t *testing.T) {
 	k := newFakeKernel(FlavourLegacy)
 	b, err := New(context.Background(), testConfig(model.IPv4), withCommander(lockedKernel{k}, FlavourLegacy), WithFlavour(FlavourLegacy),
-		withEditor(k), withSysctl(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
+		withEditor(k), WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
 	if err != nil {
 		t.Fatal(err)
 	}

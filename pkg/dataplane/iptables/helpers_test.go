@@ -65,7 +65,7 @@ func newTestBackend(t testing.TB, cfg dataplane.Config, flavour Flavour, opts ..
 	k := newFakeKernel(flavour)
 	clock := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	base := []Option{
-		withCommander(k, flavour), WithFlavour(flavour), withEditor(k), withSysctl(fakeSysctl{}), withNFAcct(noNFAcct{}),
+		withCommander(k, flavour), WithFlavour(flavour), withEditor(k), WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}),
 		withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup(), WithClock(clock.now),
 		WithLocalAddresses(func() ([]netip.Addr, error) { return testLocalAddrs, nil }),
 	}

@@ -25,7 +25,7 @@ func TestApplySysctlsSetsRouteLocalnetOnlyForLocalhostNodePorts(t *testing.T) {
 			cfg := testConfig(model.IPv4)
 			tc.cfg(&cfg)
 			sys := fakeSysctl{sysctlRouteLocalnet: 0}
-			if err := ApplySysctls(context.Background(), cfg, withSysctl(sys)); err != nil {
+			if err := ApplySysctls(context.Background(), cfg, WithSysctls(sys)); err != nil {
 				t.Fatal(err)
 			}
 			if got := sys[sysctlRouteLocalnet]; got != tc.want {

@@ -83,7 +83,7 @@ func TestRenderIsWhatAFullSyncProgramsOnAnEmptyKernel(t *testing.T) {
 		{name: "no local detector, localhost NodePorts off", family: model.IPv4,
 			cfg: func(c *dataplane.Config) { c.LocalDetector = dataplane.LocalDetector{}; c.LocalhostNodePorts = false }},
 		{name: "tcp_be_liberal", family: model.IPv4, opts: RenderOptions{TCPBeLiberal: true},
-			backend: []Option{withSysctl(fakeSysctl{sysctlTCPBeLiberal: 1})}},
+			backend: []Option{WithSysctls(fakeSysctl{sysctlTCPBeLiberal: 1})}},
 		{name: "nfacct", family: model.IPv4, opts: RenderOptions{NFAcct: true},
 			backend: []Option{withNFAcct(scriptedNFAcct{})}},
 	}

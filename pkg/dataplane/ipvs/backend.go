@@ -111,6 +111,10 @@ func WithFlavour(f Flavour) Option { return func(o *options) { o.flavour = f } }
 // WithClock replaces time.Now.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
+// WithSysctls sets and reads sysctls through s instead of /proc/sys: the daemon passes one
+// that turns a write the container cannot make into a warning (hostnet.Tolerant).
+func WithSysctls(s hostnet.Sysctls) Option { return func(o *options) { o.sysctl = s } }
+
 // ErrNoIPVS is returned by New on a kernel without IPVS.
 var ErrNoIPVS = errors.New("kernel has no IPVS")
 
