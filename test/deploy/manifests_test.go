@@ -205,6 +205,11 @@ func TestBaseConfigurationDecodesStrictlyAndValidates(t *testing.T) {
 	if cfg.ClientConnection.Kubeconfig != "" {
 		t.Errorf("kubeconfig = %q; the base uses the in-cluster service account", cfg.ClientConnection.Kubeconfig)
 	}
+	// What kubeadm clusters use: its kube-proxy ConfigMap leaves detectLocalMode empty
+	// (ClusterCIDR) and sets clusterCIDR to the pod network, which the operator fills in.
+	if cfg.DetectLocalMode != "ClusterCIDR" {
+		t.Errorf("detectLocalMode = %q, want ClusterCIDR, as kubeadm clusters have", cfg.DetectLocalMode)
+	}
 }
 
 func TestBaseAPIServerAddressIsLeftToTheOperator(t *testing.T) {
