@@ -74,6 +74,9 @@ var collectors = map[string]prometheus.Collector{
 	"ServicePortsDesired":                        metrics.ServicePortsDesired,
 	"InputProblemsTotal":                         metrics.InputProblemsTotal,
 	"DriftRepairsTotal":                          metrics.DriftRepairsTotal,
+	"ConfigWarnings":                             metrics.ConfigWarnings,
+	"NodeSetupWarningsTotal":                     metrics.NodeSetupWarningsTotal,
+	"LocalTrafficDetectionMissing":               metrics.LocalTrafficDetectionMissing,
 }
 
 // descs are pkg/metrics' bare descriptions: series a collector produces at scrape time,
