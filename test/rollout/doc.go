@@ -8,7 +8,7 @@
 // The tests are built with the rollout tag and need root; run them with
 //
 //	make test-rollout          # hack/test-rollout.sh: builds bin/sluice, finds the control plane
-//	go test -tags rollout ./test/rollout -run TestUnknownFields -v
+//	SLUICE_BIN=$PWD/bin/sluice go test -tags rollout ./test/rollout -run TestReadOnlyProcSys -v
 //
 // TestMain re-executes the test binary in a private network namespace (netnstest), so the
 // machine's own namespace is never touched.

@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,14 +13,17 @@ import (
 	"github.com/sluiceproxy/sluice/test/netnstest"
 )
 
-// TestMain finds or builds the binaries outside any namespace (building may need the
-// module proxy), exports them for the re-executed process ($SLUICE_BIN,
-// $SLUICE_ECHOSERVER, $KUBE_APISERVER, $ETCD), then re-executes the tests in a private
-// network namespace that plays the machine's: the apiserver and the bridge the node
-// reaches it on live there.
+// TestMain checks the binaries outside any namespace (finding the control plane's may need
+// to build it, which needs the module proxy), exports them for the re-executed process
+// ($KUBE_APISERVER, $ETCD), then re-executes the tests in a private network namespace that
+// plays the machine's: the apiserver and the bridge the node reaches it on live there.
+//
+// $SLUICE_BIN is the sluice under test: make test-rollout (hack/test-rollout.sh) builds
+// bin/sluice and sets it. The echo server is $SLUICE_ECHOSERVER, or built by
+// topology.EchoServerBinary.
 func TestMain(m *testing.M) {
 	if !netnstest.InNetns() {
-		if err := prepareBinaries(); err != nil {
+		if err := checkBinaries(); err != nil {
 			fmt.Fprintln(os.Stderr, "rollout:", err)
 			os.Exit(1)
 		}
@@ -30,22 +31,13 @@ func TestMain(m *testing.M) {
 	netnstest.Main(m)
 }
 
-func prepareBinaries() error {
-	for _, b := range []struct{ env, pkg, name string }{
-		{"SLUICE_BIN", "github.com/sluiceproxy/sluice/cmd/sluice", "sluice"},
-		{"SLUICE_ECHOSERVER", "github.com/sluiceproxy/sluice/test/echoserver", "echoserver"},
-	} {
-		if p := os.Getenv(b.env); p != "" {
-			if _, err := os.Stat(p); err != nil {
-				return fmt.Errorf("$%s: %w", b.env, err)
-			}
-			continue
-		}
-		path, err := goBuild(b.pkg, b.name)
-		if err != nil {
-			return fmt.Errorf("%w (or set $%s to a prebuilt one)", err, b.env)
-		}
-		os.Setenv(b.env, path)
+func checkBinaries() error {
+	bin := os.Getenv("SLUICE_BIN")
+	if bin == "" {
+		return fmt.Errorf("$SLUICE_BIN is not set: run make test-rollout (or hack/test-rollout.sh), or set it to a sluice binary (make build: bin/sluice)")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("$SLUICE_BIN: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -56,23 +48,4 @@ func prepareBinaries() error {
 	os.Setenv("KUBE_APISERVER", bins.KubeAPIServer)
 	os.Setenv("ETCD", bins.Etcd)
 	return nil
-}
-
-// goBuild builds pkg (static) into a shared directory, under a name private to this process
-// first and renamed into place, so that a concurrent run keeps executing the file it
-// started with.
-func goBuild(pkg, name string) (string, error) {
-	dir := filepath.Join(os.TempDir(), "sluice-rollout-bin")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, name)
-	tmp := fmt.Sprintf("%s.%d", out, os.Getpid())
-	cmd := exec.Command("go", "build", "-o", tmp, pkg)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("building %s: %w\n%s", pkg, err, msg)
-	}
-	return out, os.Rename(tmp, out)
 }
