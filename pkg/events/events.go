@@ -30,8 +30,9 @@ const ReportingController = "sluice"
 const (
 	// ReasonStarting (Normal, on the Node): sluice started.
 	ReasonStarting = "Starting"
-	// ReasonFailedToProgramService (Warning, on the Service): the backend could not
-	// program the Service; it is retried on every sync.
+	// ReasonFailedToProgramService (Warning, on the Service): the kernel rejected the
+	// Service's update; it keeps its last good programming and the sync loop retries it on
+	// its own backoff (see pkg/syncloop). Rate-limited per Service and overall (budget.go).
 	ReasonFailedToProgramService = "FailedToProgramService"
 	// ReasonInvalidService (Warning, on the Service): some fields of the Service or its
 	// EndpointSlices are invalid and were left out; the rest is programmed.
