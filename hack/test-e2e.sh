@@ -10,10 +10,11 @@
 #      running us (make test-e2e depends on build), $SLUICE_BIN is set, or the Makefile has
 #      no build target. Their paths are exported as SLUICE_BIN and SLUICE_ECHOSERVER, the
 #      names the conformance suite uses too.
-#   3. go test -tags e2e -count=1 -v ./test/e2e/... ./test/deploy/... ./test/sandbox/... runs
-#      with a timeout of $E2E_TIMEOUT (default 20m); the tests log their control plane's
-#      start-up time. test/deploy applies deploy/'s manifests to the real API server;
-#      test/sandbox runs `make demo`'s sandbox (hack/demo.sh) and checks it leaves nothing.
+#   3. go test -tags e2e -count=1 -v ./test/e2e/... ./test/deploy/... ./test/sandbox/...
+#      ./test/rollout/... runs with a timeout of $E2E_TIMEOUT (default 20m); the tests log
+#      their control plane's start-up time. test/deploy applies deploy/'s manifests to the
+#      real API server; test/sandbox runs `make demo`'s sandbox (hack/demo.sh) and checks it
+#      leaves nothing; test/rollout runs sluice as a process in a netns node (root).
 #
 # Usage: hack/test-e2e.sh [go test flags, e.g. -run TestControlPlane]
 # Environment: E2E_TIMEOUT, GOTESTFLAGS (extra go test flags), SLUICE_BIN,
@@ -48,4 +49,4 @@ if [ -z "${SLUICE_ECHOSERVER:-}" ] && [ -x bin/echoserver ]; then
 fi
 
 # shellcheck disable=SC2086 # GOTESTFLAGS is a list of flags
-exec go test -tags e2e -count=1 -v -timeout "${E2E_TIMEOUT:-20m}" ${GOTESTFLAGS:-} ./test/e2e/... ./test/deploy/... ./test/sandbox/... "$@"
+exec go test -tags e2e -count=1 -v -timeout "${E2E_TIMEOUT:-20m}" ${GOTESTFLAGS:-} ./test/e2e/... ./test/deploy/... ./test/sandbox/... ./test/rollout/... "$@"

@@ -1,4 +1,4 @@
-//go:build rollout
+//go:build e2e
 
 package rollout
 

@@ -5,10 +5,11 @@
 // Everything is real: a real kube-apiserver and etcd (test/framework/controlplane), sluice
 // as a process in a network-namespace node (test/topology), and real packets to a Service.
 //
-// The tests are built with the rollout tag and need root; run them with
+// The tests are part of the e2e tier (build tag e2e) and need root; run them with
 //
-//	make test-rollout          # hack/test-rollout.sh: builds bin/sluice, finds the control plane
-//	SLUICE_BIN=$PWD/bin/sluice go test -tags rollout ./test/rollout -run TestReadOnlyProcSys -v
+//	make test-e2e                              # hack/test-e2e.sh: builds bin/sluice, finds the control plane
+//	hack/test-e2e.sh -run TestReadOnlyProcSys  # only matching tests (of every e2e package)
+//	SLUICE_BIN=$PWD/bin/sluice go test -tags e2e ./test/rollout -run TestReadOnlyProcSys -v
 //
 // TestMain re-executes the test binary in a private network namespace (netnstest), so the
 // machine's own namespace is never touched.

@@ -1,4 +1,4 @@
-//go:build rollout
+//go:build e2e
 
 package rollout
 
@@ -18,7 +18,7 @@ import (
 // ($KUBE_APISERVER, $ETCD), then re-executes the tests in a private network namespace that
 // plays the machine's: the apiserver and the bridge the node reaches it on live there.
 //
-// $SLUICE_BIN is the sluice under test: make test-rollout (hack/test-rollout.sh) builds
+// $SLUICE_BIN is the sluice under test: make test-e2e (hack/test-e2e.sh) builds
 // bin/sluice and sets it. The echo server is $SLUICE_ECHOSERVER, or built by
 // topology.EchoServerBinary.
 func TestMain(m *testing.M) {
@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 func checkBinaries() error {
 	bin := os.Getenv("SLUICE_BIN")
 	if bin == "" {
-		return fmt.Errorf("$SLUICE_BIN is not set: run make test-rollout (or hack/test-rollout.sh), or set it to a sluice binary (make build: bin/sluice)")
+		return fmt.Errorf("$SLUICE_BIN is not set: run make test-e2e (or hack/test-e2e.sh), or set it to a sluice binary (make build: bin/sluice)")
 	}
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("$SLUICE_BIN: %w", err)
