@@ -432,8 +432,17 @@ func (s *Sluice) WaitLog(t *testing.T, want ...string) {
 // has started, so that only that sluice can have programmed it.
 func (e *Env) EchoService(t *testing.T, node string) *corev1.Service {
 	t.Helper()
+	return e.EchoServiceIn(t, node, e.NewNamespaceName())
+}
+
+// NewNamespaceName returns a namespace name no Service of this Env has used, for
+// EchoServiceIn when a test must know the Service's name before creating it.
+func (e *Env) NewNamespaceName() string { return fmt.Sprintf("rollout-%d", e.nsSeq.Add(1)) }
+
+// EchoServiceIn is EchoService in namespace ns (from NewNamespaceName), Service "echo".
+func (e *Env) EchoServiceIn(t *testing.T, node, ns string) *corev1.Service {
+	t.Helper()
 	ctx := t.Context()
-	ns := fmt.Sprintf("rollout-%d", e.nsSeq.Add(1))
 	if _, err := e.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating namespace %s: %v", ns, err)
 	}
@@ -476,6 +485,8 @@ func familyAddr(h *topology.Host, fam corev1.IPFamily) netip.Addr {
 
 // ExpectServed waits until, for every family, connections from the client pod and from
 // the node itself to the Service's ClusterIP are answered by a0, three times in a row.
+// s is the sluice that must keep running meanwhile; nil when the rules must serve without
+// one (after it stopped).
 func (e *Env) ExpectServed(t *testing.T, s *Sluice, svc *corev1.Service) {
 	t.Helper()
 	for _, fam := range e.Families {
@@ -493,7 +504,9 @@ func (e *Env) ExpectServed(t *testing.T, s *Sluice, svc *corev1.Service) {
 			deadline := time.Now().Add(convergeTimeout)
 			answered := 0
 			for answered < 3 {
-				s.RequireRunning(t)
+				if s != nil {
+					s.RequireRunning(t)
+				}
 				out := from.Probe(echo.TCP, target, echo.ProbeOptions{Timeout: time.Second})
 				if out.Result == echo.Answered && out.Reply.Pod == e.Server.Name {
 					answered++
@@ -501,8 +514,12 @@ func (e *Env) ExpectServed(t *testing.T, s *Sluice, svc *corev1.Service) {
 				}
 				answered = 0
 				if time.Now().After(deadline) {
+					tail := "(no sluice running)"
+					if s != nil {
+						tail = s.Proc.Tail(30)
+					}
 					t.Fatalf("%s -> %s (%s ClusterIP of %s/%s): %s, want an answer from %s\n%s",
-						from.Name, target, fam, svc.Namespace, svc.Name, out, e.Server.Name, s.Proc.Tail(30))
+						from.Name, target, fam, svc.Namespace, svc.Name, out, e.Server.Name, tail)
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
