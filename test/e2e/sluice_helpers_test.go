@@ -43,6 +43,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/app"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/framework/promtext"
 )
 
 // Addresses of this node in the tests that run sluice in the root network namespace.
@@ -433,39 +434,7 @@ func (p *sluiceProcess) metrics(ctx context.Context) (metricFamilies, error) {
 // (name=value pairs): the value of a counter, gauge or untyped metric, the sample count of
 // a histogram or summary. found is false when no series matches.
 func (m metricFamilies) value(name string, labels ...string) (v float64, found bool) {
-	mf, ok := m[name]
-	if !ok {
-		return 0, false
-	}
-	want := map[string]string{}
-	for i := 0; i+1 < len(labels); i += 2 {
-		want[labels[i]] = labels[i+1]
-	}
-	for _, metric := range mf.Metric {
-		matched := 0
-		for _, lp := range metric.Label {
-			if w, ok := want[lp.GetName()]; ok && w == lp.GetValue() {
-				matched++
-			}
-		}
-		if matched != len(want) {
-			continue
-		}
-		found = true
-		switch {
-		case metric.Counter != nil:
-			v += metric.Counter.GetValue()
-		case metric.Gauge != nil:
-			v += metric.Gauge.GetValue()
-		case metric.Histogram != nil:
-			v += float64(metric.Histogram.GetSampleCount())
-		case metric.Summary != nil:
-			v += float64(metric.Summary.GetSampleCount())
-		case metric.Untyped != nil:
-			v += metric.Untyped.GetValue()
-		}
-	}
-	return v, found
+	return promtext.Value(m[name], labels...)
 }
 
 // waitForMetrics polls /metrics until cond accepts a scrape, and returns it.

@@ -24,8 +24,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	prommodel "github.com/prometheus/common/model"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -39,6 +37,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/framework/promtext"
 	"github.com/sluiceproxy/sluice/test/netnstest"
 	"github.com/sluiceproxy/sluice/test/topology"
 )
@@ -330,40 +329,12 @@ func (s *Sluice) Metric(name string, labels ...string) (float64, bool, error) {
 	if code != http.StatusOK {
 		return 0, false, fmt.Errorf("/metrics: %d", code)
 	}
-	parser := expfmt.NewTextParser(prommodel.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	families, err := promtext.Parse(body)
 	if err != nil {
 		return 0, false, err
 	}
-	mf, ok := families[name]
-	if !ok {
-		return 0, false, nil
-	}
-	var sum float64
-	found := false
-	for _, m := range mf.Metric {
-		matched := 0
-		for _, lp := range m.Label {
-			for i := 0; i+1 < len(labels); i += 2 {
-				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-					matched++
-				}
-			}
-		}
-		if matched != len(labels)/2 {
-			continue
-		}
-		found = true
-		switch {
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		case m.Untyped != nil:
-			sum += m.Untyped.GetValue()
-		}
-	}
-	return sum, found, nil
+	v, found := families.Value(name, labels...)
+	return v, found, nil
 }
 
 // WaitMetric waits until metric name (with labels) has value want.
