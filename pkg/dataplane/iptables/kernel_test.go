@@ -191,8 +191,9 @@ func expect(t *testing.T, what, ns, network, addr, want string) {
 	if got != want {
 		t.Errorf("%s: %s %s from %q: got %q, want %q", what, network, addr, ns, got, want)
 	}
-	if want == "refused" && time.Since(start) > time.Second && !strings.HasPrefix(addr, "[") {
-		t.Errorf("%s: refusal took %v", what, time.Since(start))
+	// A refusal is an answer, not a retransmit (the first SYN retransmit is after 1 s).
+	if want == "refused" && time.Since(start) > time.Second {
+		t.Errorf("%s: %s %s from %q: refusal took %v", what, network, addr, ns, time.Since(start))
 	}
 }
 
@@ -490,12 +491,73 @@ func TestKernelIPv6(t *testing.T) {
 			node := model.NodeInfo{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
 			st := model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}})[model.IPv6]
 			kApply(t, b, st, full())
-			// From the pod (a REJECT of the node's own connection only lands on the SYN's
-			// retransmit: the socket is busy in connect() when the ICMP comes back).
 			expect(t, "IPv6 ClusterIP, hairpin", pod, "tcp", "[fd00:172:30::10]:80", "pod6 fd00:10::1")
-			// Refused, though not always at once: in fresh namespaces the first SYN's
-			// ICMPv6 error is often lost to neighbour discovery (also without sluice).
+			// Refused at once: a TCP reset (an ICMPv6 error would count only at the
+			// SYN's retransmit; see TestKernelNoEndpointsRefusedAtOnce).
 			expect(t, "IPv6 no endpoints", pod, "tcp", "[fd00:172:30::11]:80", "refused")
+		})
+	}
+}
+
+// TestKernelNoEndpointsRefusedAtOnce: a TCP connection to a Service port without
+// endpoints is refused with a reset, at once, in both families and from another host as
+// from the node itself; UDP keeps the ICMP port unreachable (ECONNREFUSED on a connected
+// socket). Upstream's ICMPv6 answer to TCP leaves IPv6 clients waiting for a retransmit.
+// Both families' backends run, with an IPv4, an IPv6 and a RequireDualStack Service.
+func TestKernelNoEndpointsRefusedAtOnce(t *testing.T) {
+	const nodeIPv6, clientIPv6 = "fd00:100::1", "fd00:100::2"
+	families := []model.IPFamily{model.IPv4, model.IPv6}
+	for _, f := range flavours {
+		t.Run(string(f), func(t *testing.T) {
+			top := newTopology(t)
+			run(t, "ip", "-6", "addr", "add", nodeIPv6+"/64", "dev", "vc", "nodad")
+			run(t, "ip", "-n", top.client, "-6", "addr", "add", clientIPv6+"/64", "dev", "eth0", "nodad")
+			run(t, "ip", "-n", top.client, "-6", "route", "add", "default", "via", nodeIPv6)
+			run(t, "ip", "-6", "route", "replace", "fd00:172:30::/64", "via", clientIPv6)
+			run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+
+			w := &world{}
+			w.add(svc("ns", "v4", "172.30.0.40", nodePort(30040)), nil)
+			w.add(svc("ns", "v4udp", "172.30.0.41", nodePort(30041), protocol(v1.ProtocolUDP, 53)), nil)
+			w.add(svc("ns", "v6", "fd00:172:30::40", nodePort(30042)), nil)
+			w.add(svc("ns", "v6udp", "fd00:172:30::41", nodePort(30043), protocol(v1.ProtocolUDP, 53)), nil)
+			w.add(svc("ns", "dual", "172.30.0.42", nodePort(30044), func(s *v1.Service) {
+				policy := v1.IPFamilyPolicyRequireDualStack
+				s.Spec.IPFamilyPolicy = &policy
+				s.Spec.ClusterIPs = []string{"172.30.0.42", "fd00:172:30::42"}
+				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
+			}), nil)
+			node := model.NodeInfo{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr(kNodeIP), netip.MustParseAddr(nodeIPv6)}}
+			states := model.Compute(w.services, w.slices, node, nil, model.Options{Families: families})
+			for _, fam := range families {
+				b, err := New(context.Background(), testConfig(fam), WithFlavour(f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				kApply(t, b, states[fam], full())
+			}
+
+			for _, tc := range []struct{ what, network, addr string }{
+				{"IPv4 ClusterIP", "tcp", "172.30.0.40:80"},
+				{"IPv4 NodePort", "tcp", kNodeIP + ":30040"},
+				{"IPv4 UDP ClusterIP", "udp", "172.30.0.41:53"},
+				{"IPv4 UDP NodePort", "udp", kNodeIP + ":30041"},
+				{"IPv6 ClusterIP", "tcp", "[fd00:172:30::40]:80"},
+				{"IPv6 NodePort", "tcp", "[" + nodeIPv6 + "]:30042"},
+				{"IPv6 UDP ClusterIP", "udp", "[fd00:172:30::41]:53"},
+				{"IPv6 UDP NodePort", "udp", "[" + nodeIPv6 + "]:30043"},
+				{"dual-stack ClusterIP, IPv4", "tcp", "172.30.0.42:80"},
+				{"dual-stack ClusterIP, IPv6", "tcp", "[fd00:172:30::42]:80"},
+				{"dual-stack NodePort, IPv4", "tcp", kNodeIP + ":30044"},
+				{"dual-stack NodePort, IPv6", "tcp", "[" + nodeIPv6 + "]:30044"},
+			} {
+				expect(t, tc.what+" from another host", top.client, tc.network, tc.addr, "refused")
+				if tc.network == "tcp" {
+					// An ICMP error would reach the node's own socket while connect()
+					// holds it, and count for nothing until the retransmit.
+					expect(t, tc.what+" from the node", "", tc.network, tc.addr, "refused")
+				}
+			}
 		})
 	}
 }

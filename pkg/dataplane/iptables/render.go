@@ -189,6 +189,18 @@ func renderService(rc *renderConfig, name types.NamespacedName, ports []*model.S
 	return s
 }
 
+// rejectTarget is the target refusing traffic to a Service port without endpoints: a TCP
+// reset for TCP, the default ICMP (ICMPv6) port unreachable otherwise. Upstream answers
+// TCP with ICMP too, and Linux TCP takes an ICMP error that arrives while connect() holds
+// the socket as a soft error (and ICMP errors are rate-limited per peer): such a client,
+// IPv6 ones typically, waited for a SYN retransmit instead of being refused.
+func rejectTarget(p model.Protocol) string {
+	if p == model.TCP {
+		return "REJECT --reject-with tcp-reset"
+	}
+	return "REJECT"
+}
+
 // renderPort appends one Service port's rules to s, following upstream's syncProxyRules
 // case by case.
 func renderPort(rc *renderConfig, sp *model.ServicePort, s *serviceRules) {
@@ -234,7 +246,7 @@ func renderPort(rc *renderConfig, sp *model.ServicePort, s *serviceRules) {
 
 	var internalTarget, internalComment, externalTarget, externalComment string
 	if !hasEndpoints {
-		internalTarget, externalTarget = "REJECT", "REJECT"
+		internalTarget, externalTarget = rejectTarget(sp.Name.Protocol), rejectTarget(sp.Name.Protocol)
 		internalComment = quoted(portName + " has no endpoints")
 		externalComment = internalComment
 	} else {

@@ -235,6 +235,39 @@ func expectBlocked(t *testing.T, ns string, src netip.Addr, to string, refused b
 	}
 }
 
+// refusal connects (TCP) or sends a datagram and reads (UDP) from ns to to, and returns
+// how long it took and the error.
+func refusal(ns, network, to string) (time.Duration, error) {
+	start := time.Now()
+	err := netnstest.Do(ns, func() error {
+		c, err := (&net.Dialer{Timeout: 3 * time.Second}).Dial(network, to)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if network == "udp" {
+			if _, err := c.Write([]byte("hello")); err != nil {
+				return err
+			}
+		}
+		_, err = c.Read(make([]byte, 64))
+		return err
+	})
+	return time.Since(start), err
+}
+
+// expectRefusedAtOnce requires ECONNREFUSED within a second: a TCP reset or an ICMP port
+// unreachable on a connected UDP socket, not a retransmit (the first SYN retransmit
+// comes after 1 s).
+func expectRefusedAtOnce(t *testing.T, ns, network, to string) {
+	t.Helper()
+	took, err := refusal(ns, network, to)
+	if !errors.Is(err, syscall.ECONNREFUSED) || took > time.Second {
+		t.Errorf("%s %s from %s: %v after %v, want connection refused within 1s", network, to, ns, err, took.Round(time.Millisecond))
+	}
+}
+
 func udpAsk(ns, to string) (string, error) {
 	var c net.Conn
 	if err := netnstest.Do(ns, func() error {
@@ -339,8 +372,10 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 	if reply, err := udpAsk(tp.client, "10.96.0.53:53"); err != nil || answeredBy(reply) != "pod2" {
 		t.Errorf("UDP ClusterIP: %q, %v", reply, err)
 	}
-	// Other ports of a Service address are refused, not answered by the node (KUBE-IPVS-FILTER).
-	expectBlocked(t, tp.client, netip.Addr{}, "10.96.0.10:22", true)
+	// Other ports of a Service address are refused, not answered by the node
+	// (KUBE-IPVS-FILTER): TCP with a reset, UDP with ICMP port unreachable.
+	expectRefusedAtOnce(t, tp.client, "tcp", "10.96.0.10:22")
+	expectRefusedAtOnce(t, tp.client, "udp", "10.96.0.10:22")
 	// A Service without endpoints is refused by IPVS itself (port unreachable).
 	expectBlocked(t, tp.client, netip.Addr{}, "10.96.0.12:80", true)
 }
@@ -771,7 +806,9 @@ func TestKernelIPv6(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	state := stateOfFamily(model.IPv6, svcPort("ns/web6", "fd00:96::10", 80, nodePort(30600), endpoints("[fd00:244:1::2]:8080")))
+	state := stateOfFamily(model.IPv6,
+		svcPort("ns/web6", "fd00:96::10", 80, nodePort(30600), endpoints("[fd00:244:1::2]:8080")),
+		svcPort("ns/none6", "fd00:96::11", 80))
 	state.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:c::1")}}
 	kernelApply(t, b, state, model.Changes{Full: true})
 	for _, to := range []string{"[fd00:96::10]:80", "[fd00:c::1]:30600"} {
@@ -779,6 +816,17 @@ func TestKernelIPv6(t *testing.T) {
 			t.Errorf("%s answered %q", to, reply)
 		}
 	}
+	// Other ports of a Service address: TCP refused with a reset at once (an ICMPv6 error
+	// counts only at the SYN's retransmit), UDP with ICMPv6 port unreachable.
+	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:96::10]:22")
+	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:96::10]:22")
+	// A Service without endpoints is refused by IPVS itself, with ICMPv6 port unreachable
+	// for TCP too (the kernel's choice; see the README): refused, but not at once.
+	took, err := refusal(tp.client, "tcp", "[fd00:96::11]:80")
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("IPv6 Service without endpoints: %v after %v, want connection refused", err, took)
+	}
+	t.Logf("IPv6 TCP to a virtual server without real servers refused after %v", took.Round(time.Millisecond))
 	if out := run(t, "ipset", "list", "-n"); !strings.Contains(out, "KUBE-6-CLUSTER-IP") {
 		t.Errorf("IPv6 sets missing:\n%s", out)
 	}

@@ -173,6 +173,11 @@ func renderRules(cfg ruleConfig, outFilter []outFilterRule) *ruleset {
 	filter(chainIPVSFilter, matchSet(setExternalIP, "dst,dst"), jump("RETURN"))
 	filter(chainIPVSFilter, matchSet(setExternalIPLocal, "dst,dst"), jump("RETURN"))
 	filter(chainIPVSFilter, matchSet(setHealthCheckNodePort, "dst"), jump("RETURN"))
+	// TCP is refused with a reset, the rest with REJECT's ICMP port unreachable: Linux TCP
+	// takes an ICMP error that arrives while connect() holds the socket as a soft error,
+	// so a client (IPv6 ones typically) would wait for a SYN retransmit.
+	filter(chainIPVSFilter, []string{"-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"}, matchSet(setIPVSIPs, "dst"),
+		[]string{"-j", "REJECT", "--reject-with", "tcp-reset"})
 	filter(chainIPVSFilter, []string{"-m", "conntrack", "--ctstate", "NEW"}, matchSet(setIPVSIPs, "dst"), jump("REJECT"))
 
 	nat(chainPostrouting, []string{"-m", "mark", "!", "--mark", mark + "/" + mark}, jump("RETURN"))

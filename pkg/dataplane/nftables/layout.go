@@ -181,10 +181,7 @@ func staticChains(c *layoutConfig) []chainDef {
 		services = append(services, rule{terms: []term{addrInSet{dir: daddr, set: nodePortIPsSet}, protoPortLookup{set: serviceNodePortsMap, vmap: true}}})
 	}
 
-	clusterIPsCheck := []rule{{
-		terms:   []term{addrInSet{dir: daddr, set: clusterIPsSet}, rejectTerm{}},
-		comment: "Reject traffic to invalid ports of ClusterIPs",
-	}}
+	clusterIPsCheck := rejectRules("Reject traffic to invalid ports of ClusterIPs", addrInSet{dir: daddr, set: clusterIPsSet})
 	if len(c.serviceCIDRs) > 0 {
 		clusterIPsCheck = append(clusterIPsCheck, rule{
 			terms:   []term{addrMatch{dir: daddr, prefixes: c.serviceCIDRs, braces: true}, dropVerdict},
@@ -215,7 +212,7 @@ func staticChains(c *layoutConfig) []chainDef {
 		}},
 		chainDef{name: nodePortEndpointsCheckChain, rules: nodePortChecks},
 		chainDef{name: rejectChain, comment: "helper for @no-endpoint-services / @no-endpoint-nodeports",
-			rules: []rule{{terms: []term{rejectTerm{}}}}},
+			rules: rejectRules("")},
 	)
 	return out
 }

@@ -564,6 +564,25 @@ func (rejectTerm) compile(f *family, c *compiled) {
 	c.exprs = append(c.exprs, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: f.rejectCode})
 }
 
+// tcpResetTerm is "reject with tcp reset"; the rule must match TCP first (l4proto).
+type tcpResetTerm struct{}
+
+func (tcpResetTerm) render(_ *family, b *strings.Builder) { b.WriteString("reject with tcp reset") }
+func (tcpResetTerm) compile(_ *family, c *compiled) {
+	c.exprs = append(c.exprs, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+}
+
+// rejectRules are the rules refusing what the rules before them matched (match): TCP
+// with a reset, everything else with nft's default ICMP port unreachable. Upstream
+// answers TCP with ICMP too; Linux TCP takes an ICMPv6 error during connect as a soft
+// error when the socket is busy, and ICMP errors are rate-limited per peer, so an IPv6
+// (and sometimes an IPv4) client waited for retransmits instead of being refused.
+func rejectRules(comment string, match ...term) []rule {
+	tcp := append(append([]term{}, match...), l4proto{unix.IPPROTO_TCP}, tcpResetTerm{})
+	other := append(append([]term{}, match...), rejectTerm{})
+	return []rule{{terms: tcp, comment: comment}, {terms: other, comment: comment}}
+}
+
 // dnatTo is "dnat to 10.0.0.1:80" (the caller puts "meta l4proto P" before it).
 type dnatTo struct{ to netip.AddrPort }
 
@@ -780,6 +799,7 @@ func (m addrProtoPortLookup) constKey() string { return "app/" + lookupOp(m.vmap
 func (m protoPortLookup) constKey() string     { return "pp/" + lookupOp(m.vmap) + m.set }
 func (hairpinMatch) constKey() string          { return "hairpin" }
 func (rejectTerm) constKey() string            { return "reject" }
+func (tcpResetTerm) constKey() string          { return "tcpreset" }
 func (m fibLocal) constKey() string            { return "fiblocal/" + m.dir.String() }
 func (d dnatNumgen) constKey() string          { return "dnatnumgen/" + itoa(len(d.to)) }
 func (v numgenVmap) constKey() string          { return "numgenvmap/" + itoa(len(v.chains)) }
