@@ -173,8 +173,11 @@ func (sc *endpointScratch) parseSlice(s *discoveryv1.EndpointSlice, family IPFam
 			e.Zone = *ep.Zone
 		}
 		if h := ep.Hints; h != nil {
-			e.ZoneHints = hintNames(h.ForZones, func(z discoveryv1.ForZone) string { return z.Name })
-			e.NodeHints = hintNames(h.ForNodes, func(n discoveryv1.ForNode) string { return n.Name })
+			zones := hintNames(h.ForZones, func(z discoveryv1.ForZone) string { return z.Name })
+			nodes := hintNames(h.ForNodes, func(n discoveryv1.ForNode) string { return n.Name })
+			if len(zones)+len(nodes) > 0 {
+				e.Hints = &EndpointHints{Zones: zones, Nodes: nodes}
+			}
 		}
 		sc.endpoints = append(sc.endpoints, e)
 	}

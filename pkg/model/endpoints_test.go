@@ -182,7 +182,7 @@ func TestComputeServiceEndpoints(t *testing.T) {
 			want: map[string][]string{"p80": {"10.0.0.1:8080", "10.0.0.2:8080"}},
 			check: func(t *testing.T, ports []*ServicePort, _ []Problem) {
 				eps := ports[0].AllEndpoints
-				if !eps[0].IsLocal || eps[0].Zone != "zone-a" || eps[0].ZoneHints[0] != "zone-a" || eps[0].NodeHints[0] != "node-a" || eps[1].IsLocal {
+				if !eps[0].IsLocal || eps[0].Zone != "zone-a" || eps[0].ZoneHints()[0] != "zone-a" || eps[0].NodeHints()[0] != "node-a" || eps[1].IsLocal {
 					t.Errorf("got %+v", eps)
 				}
 			},

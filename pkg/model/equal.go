@@ -59,6 +59,6 @@ func (e *Endpoint) Equal(o *Endpoint) bool {
 		e.NodeName == o.NodeName &&
 		e.Zone == o.Zone &&
 		e.IsLocal == o.IsLocal &&
-		slices.Equal(e.ZoneHints, o.ZoneHints) &&
-		slices.Equal(e.NodeHints, o.NodeHints)
+		slices.Equal(e.ZoneHints(), o.ZoneHints()) &&
+		slices.Equal(e.NodeHints(), o.NodeHints())
 }

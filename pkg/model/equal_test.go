@@ -23,6 +23,9 @@ func changeField(t *testing.T, v reflect.Value) {
 	case []Endpoint:
 		v.Set(reflect.ValueOf([]Endpoint{{IP: netip.MustParseAddr("10.9.9.9"), Port: 9}}))
 		return
+	case *EndpointHints:
+		v.Set(reflect.ValueOf(&EndpointHints{Zones: []string{"changed"}, Nodes: []string{"changed"}}))
+		return
 	case ServicePortName:
 		v.Set(reflect.ValueOf(ServicePortName{NamespacedName: nn("other"), Port: "x", Protocol: UDP}))
 		return
@@ -71,6 +74,18 @@ func TestServicePortEqualCoversEveryField(t *testing.T) {
 			changeField(t, reflect.ValueOf(&b.AllEndpoints[0]).Elem().Field(i))
 			if a.Equal(b) {
 				t.Errorf("Equal ignores Endpoint.%s", f.Name)
+			}
+		})
+	}
+	htyp := reflect.TypeFor[EndpointHints]()
+	for i := range htyp.NumField() {
+		f := htyp.Field(i)
+		t.Run("EndpointHints."+f.Name, func(t *testing.T) {
+			a, b := base(), base()
+			a.AllEndpoints[0].Hints, b.AllEndpoints[0].Hints = &EndpointHints{}, &EndpointHints{}
+			changeField(t, reflect.ValueOf(b.AllEndpoints[0].Hints).Elem().Field(i))
+			if a.Equal(b) {
+				t.Errorf("Equal ignores EndpointHints.%s", f.Name)
 			}
 		})
 	}

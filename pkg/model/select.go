@@ -56,14 +56,14 @@ func topologyMode(all []Endpoint, node NodeInfo) TopologyMode {
 			continue
 		}
 		hasReady = true
-		if len(e.NodeHints) == 0 {
+		if len(e.NodeHints()) == 0 {
 			allNodeHints = false
-		} else if node.Name != "" && slices.Contains(e.NodeHints, node.Name) {
+		} else if node.Name != "" && slices.Contains(e.NodeHints(), node.Name) {
 			forThisNode = true
 		}
-		if len(e.ZoneHints) == 0 {
+		if len(e.ZoneHints()) == 0 {
 			allZoneHints = false
-		} else if node.Zone != "" && slices.Contains(e.ZoneHints, node.Zone) {
+		} else if node.Zone != "" && slices.Contains(e.ZoneHints(), node.Zone) {
 			forThisZone = true
 		}
 	}
@@ -82,9 +82,9 @@ func topologyMode(all []Endpoint, node NodeInfo) TopologyMode {
 func availableForTopology(e *Endpoint, mode TopologyMode, node NodeInfo) bool {
 	switch mode {
 	case TopologyPreferSameNode:
-		return slices.Contains(e.NodeHints, node.Name)
+		return slices.Contains(e.NodeHints(), node.Name)
 	case TopologyPreferSameZone:
-		return slices.Contains(e.ZoneHints, node.Zone)
+		return slices.Contains(e.ZoneHints(), node.Zone)
 	}
 	return true
 }

@@ -18,11 +18,15 @@ func (e ep) endpoint() Endpoint {
 	if e.local {
 		node = testNode.Name
 	}
-	return Endpoint{
+	out := Endpoint{
 		IP: netip.AddrFrom4([4]byte{10, 0, 0, e.n}), Port: 80,
 		Ready: e.ready, Serving: e.serving, Terminating: e.terminating,
-		NodeName: node, IsLocal: e.local, ZoneHints: e.zones, NodeHints: e.nodes,
+		NodeName: node, IsLocal: e.local,
 	}
+	if len(e.zones)+len(e.nodes) > 0 {
+		out.Hints = &EndpointHints{Zones: e.zones, Nodes: e.nodes}
+	}
+	return out
 }
 
 func ready(n byte) ep { return ep{n: n, ready: true, serving: true} }

@@ -96,15 +96,40 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
+	// IsLocal means NodeName is this node (next to the conditions: the booleans share
+	// one word, and a cluster holds an Endpoint per pod port).
+	IsLocal bool
 
-	// NodeName and Zone say where the endpoint runs; IsLocal means NodeName is this node.
+	// NodeName and Zone say where the endpoint runs.
 	NodeName string
 	Zone     string
-	IsLocal  bool
 
-	// ZoneHints and NodeHints are the EndpointSlice topology hints (forZones, forNodes).
-	ZoneHints []string
-	NodeHints []string
+	// Hints are the EndpointSlice topology hints; nil when it has none, as most
+	// endpoints do (a pointer costs each endpoint 8 bytes, two lists would cost 48).
+	Hints *EndpointHints
+}
+
+// EndpointHints are an endpoint's topology hints (forZones, forNodes), immutable once
+// published like the rest of the model.
+type EndpointHints struct {
+	Zones []string
+	Nodes []string
+}
+
+// ZoneHints returns the zones the endpoint is hinted for, nil when none.
+func (e *Endpoint) ZoneHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// NodeHints returns the nodes the endpoint is hinted for, nil when none.
+func (e *Endpoint) NodeHints() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
 }
 
 // AddrPort returns the endpoint's address and port.

@@ -251,8 +251,8 @@ func endpointViews(eps []Endpoint) []EndpointView {
 			NodeName:    ep.NodeName,
 			Zone:        ep.Zone,
 			Local:       ep.IsLocal,
-			ZoneHints:   sortedStrings(ep.ZoneHints),
-			NodeHints:   sortedStrings(ep.NodeHints),
+			ZoneHints:   sortedStrings(ep.ZoneHints()),
+			NodeHints:   sortedStrings(ep.NodeHints()),
 		})
 	}
 	return out

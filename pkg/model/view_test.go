@@ -19,7 +19,7 @@ func viewTestState(reverse bool) *model.NodeState {
 	web := types.NamespacedName{Namespace: "ns1", Name: "web"}
 	dns := types.NamespacedName{Namespace: "kube-system", Name: "dns"}
 
-	local := model.Endpoint{IP: a("10.1.0.10"), Port: 8443, Ready: true, Serving: true, NodeName: "node-a", Zone: "z1", IsLocal: true, ZoneHints: []string{"z2", "z1"}}
+	local := model.Endpoint{IP: a("10.1.0.10"), Port: 8443, Ready: true, Serving: true, NodeName: "node-a", Zone: "z1", IsLocal: true, Hints: &model.EndpointHints{Zones: []string{"z2", "z1"}}}
 	remote := model.Endpoint{IP: a("10.1.0.9"), Port: 8443, Ready: true, Serving: true, NodeName: "node-b", Zone: "z2"}
 	dying := model.Endpoint{IP: a("10.1.0.200"), Port: 8443, Serving: true, Terminating: true, NodeName: "node-a", Zone: "z1", IsLocal: true}
 	all := []model.Endpoint{local, remote, dying}

@@ -16,8 +16,10 @@ import (
 // last-applied-configuration alone can be larger than the rest of the object); an
 // EndpointSlice keeps only the labels that name its Service, and of each endpoint only what
 // endpoint selection reads (its targetRef, a full object reference per endpoint, is the
-// largest part of a slice); a Service loses its selector and status conditions; Node status
-// keeps only what the proxy uses.
+// largest part of a slice); a Service keeps only the label the model reads and loses its
+// selector and status conditions; Node status keeps only what the proxy uses. Lists are cut
+// to their length: the API decoder appends an element at a time, so a slice of 10
+// endpoints arrives with room for 16.
 //
 // The informer hands slim the object it just decoded, so changing it in place is safe.
 func slim(obj any) (any, error) {
@@ -28,12 +30,16 @@ func slim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
 		o.Annotations = keepAnnotations(o.Annotations, AnnotationScheduler)
+		o.Labels = keepLabels(o.Labels, LabelServiceProxyName)
 		o.Spec.Selector = nil
+		o.Spec.Ports = exactLength(o.Spec.Ports)
 		o.Status.Conditions = nil
 	case *discoveryv1.EndpointSlice:
 		o.Annotations = keepAnnotations(o.Annotations, AnnotationTriggerTime)
 		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName, v1.IsHeadlessService)
 		o.GenerateName = ""
+		o.Ports = exactLength(o.Ports)
+		o.Endpoints = exactLength(o.Endpoints)
 		for i := range o.Ports {
 			p := &o.Ports[i]
 			p.Name = sharedString(p.Name)
@@ -66,6 +72,15 @@ func slim(obj any) (any, error) {
 		o.Annotations = nil
 	}
 	return obj, nil
+}
+
+// exactLength returns s in an array of its length when the decoder left spare room
+// (slices.Clip only hides the room; the array keeps it).
+func exactLength[T any](s []T) []T {
+	if cap(s) == len(s) {
+		return s
+	}
+	return append(make([]T, 0, len(s)), s...)
 }
 
 // keepLabels returns in reduced to the keys in keep (nil when none is there).

@@ -164,19 +164,22 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 		in    runtime.Object
 		check func(t *testing.T, out any)
 	}{{
-		name: "Service keeps the scheduler annotation and its labels",
+		name: "Service keeps the scheduler annotation and the service-proxy-name label, cut lists",
 		in: &v1.Service{ObjectMeta: metav1.ObjectMeta{
 			Name: "a", ManagedFields: managed,
 			Labels:      map[string]string{LabelServiceProxyName: "x", "app": "a"},
 			Annotations: map[string]string{AnnotationScheduler: "sh", "kubectl.kubernetes.io/last-applied-configuration": big, "other": "y"},
-		}},
+		}, Spec: v1.ServiceSpec{Ports: append(make([]v1.ServicePort, 0, 4), v1.ServicePort{Port: 80})}},
 		check: func(t *testing.T, out any) {
 			svc := out.(*v1.Service)
 			if want := map[string]string{AnnotationScheduler: "sh"}; !mapsEqual(svc.Annotations, want) {
 				t.Errorf("annotations %v, want %v", svc.Annotations, want)
 			}
-			if len(svc.Labels) != 2 {
-				t.Errorf("labels %v, want both kept", svc.Labels)
+			if want := map[string]string{LabelServiceProxyName: "x"}; !mapsEqual(svc.Labels, want) {
+				t.Errorf("labels %v, want %v", svc.Labels, want)
+			}
+			if len(svc.Spec.Ports) != 1 || cap(svc.Spec.Ports) != 1 {
+				t.Errorf("ports %v (capacity %d), want the one port in an array of one", svc.Spec.Ports, cap(svc.Spec.Ports))
 			}
 			if svc.ManagedFields != nil {
 				t.Errorf("managedFields kept")

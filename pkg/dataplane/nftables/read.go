@@ -13,10 +13,11 @@ import (
 )
 
 // Reading the table back: the periodic full resync and the start of a process. Chains,
-// named sets and their elements, and rules are dumped once each for the whole table; a
-// chain's rules are only parsed when their handles changed since the previous read, and
-// the anonymous sets of a rule are only dumped then (they are constant: same handles,
-// same content).
+// named sets and their elements, and rules are dumped once each for the whole table. The
+// rules are compared as they come, never held: a chain whose handles are those of the
+// previous read cannot have changed, and the others are parsed and hashed rule by rule
+// (the anonymous sets of their rules are dumped after the rule dump; they are constant:
+// same handles, same content).
 
 // readStats describes one read.
 type readStats struct {
@@ -34,7 +35,6 @@ type rawRule struct {
 type rawChain struct {
 	base    *baseSpec
 	comment string
-	rules   []rawRule
 }
 
 // readState reads the family's kube-proxy table. prev is the model of the previous read
@@ -168,33 +168,19 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 	}
 	stats.sets = len(st.sets)
 
-	err = c.dump(unix.NFT_MSG_GETRULE, fam, func(b *msgBuilder) { b.str(unix.NFTA_RULE_TABLE, kubeProxyTable) },
-		func(m nlMsg) error {
-			var table, chain string
-			var r rawRule
-			for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
-				switch it.typ {
-				case unix.NFTA_RULE_TABLE:
-					table = it.str()
-				case unix.NFTA_RULE_CHAIN:
-					chain = it.str()
-				case unix.NFTA_RULE_HANDLE:
-					r.handle = it.u64()
-				case unix.NFTA_RULE_EXPRESSIONS:
-					r.exprs = slices.Clone(it.val)
-				case unix.NFTA_RULE_USERDATA:
-					r.udata = slices.Clone(it.val)
-				}
-			}
-			if table != kubeProxyTable {
-				return nil
-			}
-			if ch := chains[chain]; ch != nil {
-				ch.rules = append(ch.rules, r)
-			}
-			stats.rules++
-			return nil
-		})
+	// The rules are hashed as the dump brings them: a full read never holds the table's
+	// rules. Only a rule using an anonymous set waits for the end of the dump (its set is
+	// dumped then), with the rules of its chain after it.
+	reads := make(map[string]*chainRead, len(chains))
+	for name, ch := range chains {
+		reads[name] = newChainRead(ch, prevChain(prev, name))
+	}
+	err = dumpRules(c, fam, "", func(chain string, r rawRule) {
+		stats.rules++
+		if cr := reads[chain]; cr != nil {
+			cr.add(fam, r, anonSets)
+		}
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list rules: %w", err)
 	}
@@ -236,42 +222,38 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 		stats.elements += len(s.elems)
 	}
 
-	var fp fingerprinter
 	blocks := map[string]slotBlock{}
 	for _, name := range order {
-		ch := chains[name]
-		handles := make([]uint64, len(ch.rules))
-		for i, r := range ch.rules {
-			handles[i] = r.handle
-		}
-		cs := &chainState{base: ch.base, handles: handles}
+		cr := reads[name]
+		cs := &chainState{base: chains[name].base, handles: cr.handles}
 		st.chains[name] = cs
-		if prev != nil {
-			if p := prev.chains[name]; p != nil && p.handles != nil && slices.Equal(p.handles, handles) && !p.fp.isZero() {
-				cs.fp = p.fp
-				if b, ok := prev.slots.blocks[name]; ok {
-					blocks[name] = b
-				}
-				continue
+		switch {
+		case cr.unchanged():
+			cs.fp = cr.prev.fp
+			if b, ok := prev.slots.blocks[name]; ok {
+				blocks[name] = b
 			}
+			continue
+		case !cr.parse:
+			// The handles left the previous read's part way: the rules before were
+			// not kept, so the chain is read again on its own.
+			cr = newChainRead(chains[name], nil)
+			err := dumpRules(c, fam, name, func(chain string, r rawRule) {
+				if chain == name {
+					cr.add(fam, r, anonSets)
+				}
+			})
+			if err != nil {
+				return nil, fmt.Errorf("list rules of chain %s: %w", name, err)
+			}
+			cs.handles = cr.handles
 		}
 		stats.parsedChains++
-		fp.reset()
-		fp.addChainComment(ch.comment)
-		ok := true
-		for _, r := range ch.rules {
-			exprs, anon, block, err := parseKernelRule(c, f, r, anonSets, stats)
-			if err != nil {
-				ok = false
-				break
-			}
-			if block != nil {
-				blocks[name] = *block
-			}
-			fp.addRule(exprs, anon, r.udata)
+		if cr.finish(c, f, anonSets, stats) {
+			cs.fp = cr.fp.sum()
 		}
-		if ok {
-			cs.fp = fp.sum()
+		if cr.block != nil {
+			blocks[name] = *cr.block
 		}
 	}
 	st.slots = rebuildSlots(blocks)
@@ -303,13 +285,158 @@ func rebuildSlots(blocks map[string]slotBlock) slotState {
 	return out
 }
 
-// parseKernelRule parses a rule read from the kernel into the form of compileRule
-// (marshalled expressions, anonymous lookups without set name), dumping its anonymous
-// set when it has one.
-func parseKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*setDef, stats *readStats) ([][]byte, *anonSet, *slotBlock, error) {
+// prevChain returns the previous read's state of a chain when it can stand for the
+// chain's rules (its handles are known and its content was parsed), nil otherwise.
+func prevChain(prev *tableState, name string) *chainState {
+	if prev == nil {
+		return nil
+	}
+	if p := prev.chains[name]; p != nil && p.handles != nil && !p.fp.isZero() {
+		return p
+	}
+	return nil
+}
+
+// chainRead is one chain's rules as a dump brings them. While the handles are those of
+// the previous read (prev), nothing else is kept: the chain cannot have changed. Otherwise
+// (parse) each rule is parsed and hashed as it comes, except that from the first rule
+// using an anonymous set on, the rules are kept for finish, which dumps the set (no other
+// request can be made during a dump).
+type chainRead struct {
+	prev     *chainState
+	parse    bool
+	handles  []uint64
+	fp       fingerprinter
+	failed   bool // a rule could not be parsed: the content is unknown
+	block    *slotBlock
+	deferred []rawRule
+}
+
+func newChainRead(ch *rawChain, prev *chainState) *chainRead {
+	cr := &chainRead{prev: prev, parse: prev == nil}
+	if cr.parse {
+		cr.startParse(ch.comment)
+	}
+	return cr
+}
+
+func (cr *chainRead) startParse(comment string) {
+	cr.parse = true
+	cr.fp.reset()
+	cr.fp.addChainComment(comment)
+}
+
+// add takes one rule of the chain; r's bytes are only valid during the call.
+func (cr *chainRead) add(fam byte, r rawRule, anonSets map[string]*setDef) {
+	cr.handles = append(cr.handles, r.handle)
+	if !cr.parse || cr.failed {
+		return // unchanged tells whether the handles are still the previous read's
+	}
+	if len(cr.deferred) > 0 {
+		cr.deferred = append(cr.deferred, r.clone())
+		return
+	}
+	exprs, anon, block, err := parseKernelRule(fam, r, anonSets)
+	switch {
+	case err != nil:
+		cr.failed = true
+	case anon != nil:
+		cr.deferred = append(cr.deferred, r.clone())
+	default:
+		if block != nil {
+			cr.block = block
+		}
+		cr.fp.addRule(exprs, nil, r.udata)
+	}
+}
+
+// unchanged says whether the chain's rules are the previous read's (same handles).
+func (cr *chainRead) unchanged() bool {
+	return !cr.parse && slices.Equal(cr.handles, cr.prev.handles)
+}
+
+// finish parses the deferred rules, dumping their anonymous sets; false when the chain's
+// content is unknown (a rule could not be parsed).
+func (cr *chainRead) finish(c *conn, f *family, anonSets map[string]*setDef, stats *readStats) bool {
 	fam := byte(f.nf)
+	for _, r := range cr.deferred {
+		if cr.failed {
+			break
+		}
+		exprs, anon, block, err := parseKernelRule(fam, r, anonSets)
+		if err == nil && anon != nil {
+			stats.anonReads++
+			err = dumpElements(c, fam, anon.name, func(el anonElem) { anon.set.elems = append(anon.set.elems, el) })
+			if err != nil {
+				return false
+			}
+		}
+		if err != nil {
+			cr.failed = true
+			break
+		}
+		if block != nil {
+			cr.block = block
+		}
+		var set *anonSet
+		if anon != nil {
+			set = anon.set
+		}
+		cr.fp.addRule(exprs, set, r.udata)
+	}
+	cr.deferred = nil
+	return !cr.failed
+}
+
+func (r rawRule) clone() rawRule {
+	return rawRule{handle: r.handle, exprs: slices.Clone(r.exprs), udata: slices.Clone(r.udata)}
+}
+
+// dumpRules lists the rules of the table, or of one chain of it when chain is not "". fn
+// gets each rule with bytes valid only during the call.
+func dumpRules(c *conn, fam byte, chain string, fn func(chain string, r rawRule)) error {
+	return c.dump(unix.NFT_MSG_GETRULE, fam, func(b *msgBuilder) {
+		b.str(unix.NFTA_RULE_TABLE, kubeProxyTable)
+		if chain != "" {
+			b.str(unix.NFTA_RULE_CHAIN, chain)
+		}
+	}, func(m nlMsg) error {
+		var table, chain string
+		var r rawRule
+		for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
+			switch it.typ {
+			case unix.NFTA_RULE_TABLE:
+				table = it.str()
+			case unix.NFTA_RULE_CHAIN:
+				chain = it.str()
+			case unix.NFTA_RULE_HANDLE:
+				r.handle = it.u64()
+			case unix.NFTA_RULE_EXPRESSIONS:
+				r.exprs = it.val
+			case unix.NFTA_RULE_USERDATA:
+				r.udata = it.val
+			}
+		}
+		if table == kubeProxyTable {
+			fn(chain, r)
+		}
+		return nil
+	})
+}
+
+// ruleAnonSet is the anonymous set a rule uses: its name in the kernel and its
+// definition, the elements to be filled by a dump.
+type ruleAnonSet struct {
+	name string
+	set  *anonSet
+}
+
+// parseKernelRule parses a rule read from the kernel into the form of compileRule
+// (marshalled expressions, anonymous lookups without set name). The anonymous set it
+// uses, if any, is returned without its elements (the caller dumps them).
+func parseKernelRule(fam byte, r rawRule, anonSets map[string]*setDef) ([][]byte, *ruleAnonSet, *slotBlock, error) {
 	var exprBytes [][]byte
-	var anon *anonSet
+	var anon *ruleAnonSet
 	var block *slotBlock
 	var numgen *expr.Numgen
 	for it := newAttrIter(r.exprs); it.next(); {
@@ -334,18 +461,14 @@ func parseKernelRule(c *conn, f *family, r rawRule, anonSets map[string]*setDef,
 			if d == nil {
 				return nil, nil, nil, fmt.Errorf("rule uses unknown anonymous set %s", l.SetName)
 			}
-			anon = &anonSet{flags: d.flags &^ (unix.NFT_SET_ANONYMOUS), keyType: d.keyType, keyLen: d.keyLen,
+			set := &anonSet{flags: d.flags &^ (unix.NFT_SET_ANONYMOUS), keyType: d.keyType, keyLen: d.keyLen,
 				dataType: d.dataType, dataLen: d.dataLen}
-			anon.flags |= unix.NFT_SET_ANONYMOUS
-			anon.flags &= unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL | unix.NFT_SET_MAP
-			if anon.flags&unix.NFT_SET_MAP == 0 {
-				anon.dataType, anon.dataLen = 0, 0
+			set.flags |= unix.NFT_SET_ANONYMOUS
+			set.flags &= unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_INTERVAL | unix.NFT_SET_MAP
+			if set.flags&unix.NFT_SET_MAP == 0 {
+				set.dataType, set.dataLen = 0, 0
 			}
-			stats.anonReads++
-			err := dumpElements(c, fam, l.SetName, func(el anonElem) { anon.elems = append(anon.elems, el) })
-			if err != nil {
-				return nil, nil, nil, fmt.Errorf("list elements of %s: %w", l.SetName, err)
-			}
+			anon = &ruleAnonSet{name: l.SetName, set: set}
 			cp := *l
 			cp.SetName, cp.SetID = "", 0
 			e = &cp
