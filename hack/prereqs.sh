@@ -99,10 +99,14 @@ if want kernel || want e2e || want conformance || want ipvs; then
   elif ! command -v unshare >/dev/null || ! unshare --net true 2>/dev/null; then
     problem "cannot create a network namespace (unshare --net); the kernel needs CONFIG_NET_NS and the container, if any, CAP_SYS_ADMIN"
   else
-    # Each probe runs in a throwaway network namespace: nothing touches the machine's rules.
+    # Each probe runs in a throwaway network namespace, so nothing touches the machine's
+    # rules, and with a private /run, so it never waits for the xtables lock a long
+    # iptables-restore elsewhere on the machine holds (the lock file is not per netns).
     probe() { # probe WHAT CMD...: fail with WHAT when CMD fails in a new netns
       local what="$1" out; shift
-      out="$(unshare --net -- "$@" 2>&1)" || problem "${what}: $* failed in a new network namespace: ${out}"
+      out="$(timeout 60 unshare --net --mount --propagation private -- \
+        sh -c 'mount -t tmpfs sluice-prereqs /run && exec "$@"' sh "$@" 2>&1)" ||
+        problem "${what}: $* failed in a new network namespace: ${out}"
     }
     # (A command still missing is reported above as a package to install.)
     if command -v nft >/dev/null; then
