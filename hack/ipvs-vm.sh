@@ -119,7 +119,7 @@ trap 'log "interrupted"; exit 130' INT TERM
 need() {
   local missing=() c
   for c in "$@"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
-  [ ${#missing[@]} -eq 0 ] || die "missing host commands: ${missing[*]} (apt-get install qemu-system-x86 busybox-static cpio kmod xz-utils)"
+  [ ${#missing[@]} -eq 0 ] || die "missing host commands: ${missing[*]} (hack/prereqs.sh ipvs installs them, as root)"
 }
 need qemu-system-x86_64 busybox cpio depmod modprobe ldd apt-get apt-cache dpkg-deb xz gzip timeout flock awk sha256sum od
 
