@@ -203,20 +203,17 @@ func (c *counter) readText(r io.Reader, w io.Writer) error {
 	return nil
 }
 
-// skipReason picks the t.Skip message out of a skipped test's output.
+// skipReason picks the t.Skip message out of a skipped test's output: its last line (what
+// the test logged before is left out).
 func skipReason(lines []string) string {
-	var msgs []string
-	for _, l := range lines {
-		l = strings.TrimSpace(l)
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
 		if l == "" || strings.HasPrefix(l, "=== ") || resultLine.MatchString(l) {
 			continue
 		}
-		msgs = append(msgs, l)
+		return l
 	}
-	if len(msgs) == 0 {
-		return "no reason given"
-	}
-	return strings.Join(msgs, " ")
+	return "no reason given"
 }
 
 // report prints the summary and the skipped tests, and says whether the run is good.

@@ -82,7 +82,7 @@ func TestCountsAndFloors(t *testing.T) {
 		{name: "json, all pass, floor met", floor: 4, wantOK: true, wantPassed: 4,
 			wantOut: []string{"ok  \tfixture/pass", "fixture: 4 passed, 0 failed, 2 skipped (floor 4)",
 				"skipped fixture/pass TestSub/b: ", "no b here", "skipped fixture/pass TestSkip: ", "kernel has no frobnicator"},
-			wantNot: []string{"a line a passing test logs", "=== RUN"}},
+			wantNot: []string{"a line a passing test logs", "=== RUN", "setting up b"}},
 		{name: "json, floor above the count", floor: 5, wantPassed: 4,
 			wantOut: []string{"4 tests passed, fewer than the tier's floor of 5"}},
 		{name: "json, a failure", fail: true, floor: 1, wantPassed: 3, wantFailed: 1,
