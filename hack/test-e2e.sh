@@ -62,7 +62,9 @@ fi
 
 if [ -z "${SLUICE_E2E_BIN:-}" ]; then
   log "building bin/sluice-race (sluice with the race detector)"
-  CGO_ENABLED=1 go build -race -trimpath -o bin/sluice-race ./cmd/sluice
+  # Built like make test-race builds its packages (cgo, no -trimpath), so it reuses their
+  # race-instrumented dependencies from the build cache.
+  CGO_ENABLED=1 go build -race -o bin/sluice-race ./cmd/sluice
   export SLUICE_E2E_BIN="${root}/bin/sluice-race"
 fi
 
