@@ -14,11 +14,16 @@
 #   SLUICE_BIN, SLUICE_ECHOSERVER
 #                   prebuilt binaries; default: `make build` and bin/
 #   GO_TEST_FLAGS   extra `go test` flags (default "-v")
+#   SLUICE_REQUIRE  features whose absence fails a case instead of skipping it (test/require;
+#                   default: hack/lib/tier.sh's list for the host)
 #   REFERENCE=1     run the suite against upstream kube-proxy $KUBE_VERSION instead of sluice,
 #                   to check the suite itself: upstream's behaviour is our contract, so every
 #                   case must pass against it. kube-proxy is built once from the Go module
 #                   proxy, like hack/control-plane.sh builds kube-apiserver, and cached in
 #                   $SLUICE_CACHE/bin (a few minutes the first time).
+#
+# Each backend's run goes through hack/testcount: fewer passing tests than the backend's
+# CONFORMANCE_FLOOR (below) fail it, unless RUN narrows the run.
 #
 # Usage: hack/test-conformance.sh            (what `make test-conformance` runs)
 #        BACKENDS=nftables RUN=TestConformance/UDPFlowFollowsReplacedBackend hack/test-conformance.sh
