@@ -36,13 +36,14 @@ problem() { problems+=("$*"); }
 # Userspace the tests drive: iptables (nft and legacy flavours), nftables (inspection only;
 # sluice itself never runs nft), ipset, conntrack, iproute2 for the netns topologies, kmod,
 # socat; gcc and libc6-dev for cgo, which the race detector needs; qemu, busybox and cpio for
-# the IPVS VM (its initramfs is built from the host's binaries, hack/vm/tools.list).
+# the IPVS VM, and procps for its sysctl (its initramfs is built from the host's binaries,
+# hack/vm/tools.list; a minimal Debian image has no procps).
 packages=(make iproute2)
 if want kernel || want e2e || want conformance || want ipvs; then
   packages+=(iptables nftables ipset conntrack kmod socat)
 fi
 if want race || want e2e; then packages+=(gcc libc6-dev); fi
-if want ipvs; then packages+=(qemu-system-x86 busybox-static cpio xz-utils); fi
+if want ipvs; then packages+=(qemu-system-x86 busybox-static cpio xz-utils procps); fi
 
 missing=()
 have_dpkg=0
@@ -75,7 +76,7 @@ if [ "$have_dpkg" = 0 ]; then
     cmds+=(iptables-legacy-restore iptables-nft-restore ip6tables-legacy-restore ip6tables-nft-restore nft ipset conntrack modprobe socat)
   fi
   if want race || want e2e; then cmds+=(gcc); fi
-  if want ipvs; then cmds+=(qemu-system-x86_64 busybox cpio xz depmod apt-get dpkg-deb); fi
+  if want ipvs; then cmds+=(qemu-system-x86_64 busybox cpio xz depmod sysctl apt-get dpkg-deb); fi
   for c in "${cmds[@]}"; do
     command -v "$c" >/dev/null 2>&1 || problem "missing command ${c} (not a Debian machine: install it with your package manager)"
   done
