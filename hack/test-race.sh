@@ -33,9 +33,6 @@ RACE_SEQUENTIAL=(
   github.com/sluiceproxy/sluice/hack/testcount           # this tier's own counter
   github.com/sluiceproxy/sluice/test/deploy              # manifests and metric names
 )
-# Tests that assert on elapsed time: the detector's slowdown is not what they measure, and
-# they run without it in the unit tier.
-RACE_SKIP='^TestTenThousandEndpointsInOneSlice$'
 # Tests of left-out packages that do run goroutines: "PACKAGE -run PATTERN".
 RACE_ALSO=(
   "./pkg/dataplane/iptables ^TestFlushedTablesAreRewritten$" # Monitor's canary goroutine against Apply
@@ -54,7 +51,7 @@ done < <(go list ./...)
 run() {
   local rc=0 spec pkg pattern
   # shellcheck disable=SC2086 # GOTESTFLAGS is a list of flags
-  CGO_ENABLED=1 go test -race -json -skip "$RACE_SKIP" ${GOTESTFLAGS:-} "${pkgs[@]}" "$@" || rc=1
+  CGO_ENABLED=1 go test -race -json ${GOTESTFLAGS:-} "${pkgs[@]}" "$@" || rc=1
   if [ "$narrow" = 0 ]; then # a narrowed run (-run) is about the main packages
     for spec in "${RACE_ALSO[@]}"; do
       read -r pkg pattern <<<"$spec"
