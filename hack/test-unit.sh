@@ -13,9 +13,10 @@ cd "$(dirname "$0")/.."
 # shellcheck source=hack/lib/tier.sh
 source hack/lib/tier.sh
 
-# The floor: tests (subtests included) that pass, at least. Counted on the CI host; raise it
-# when tests are added.
-UNIT_FLOOR=0
+# The floor: tests (subtests included) that pass, at least; raise it when tests are added.
+# Counted 2026-12-02 on main 93267c4: 1130 passed, TestWriteFuzzSeedCorpus skipped (it only
+# rewrites the seed corpus).
+UNIT_FLOOR=1130
 
 export SLUICE_REQUIRE="${SLUICE_REQUIRE-loopback}"
 floor="$UNIT_FLOOR"
