@@ -18,9 +18,11 @@ cd "$(dirname "$0")/.."
 # shellcheck source=hack/lib/tier.sh
 source hack/lib/tier.sh
 
-# The floor: tests (subtests included) that pass under -race, at least. Counted on the CI
-# host; raise it when tests are added.
-RACE_FLOOR=0
+# The floor: tests (subtests included) that pass under -race, at least; raise it when tests
+# are added. Counted 2026-12-02: 571 passed on main f10883f with TestTenThousandEndpointsInOneSlice
+# left out, which runs since main 93267c4 made its time limit a benchmark; TestWriteFuzzSeedCorpus
+# skipped (it only rewrites the seed corpus).
+RACE_FLOOR=572
 
 # Packages left out, and why (see above).
 RACE_SEQUENTIAL=(
