@@ -12,8 +12,11 @@ cd "$(dirname "$0")/.."
 source hack/lib/tier.sh
 
 # The floor: tests (subtests included) that pass on a machine that passed hack/prereqs.sh,
-# at least. Counted on the CI host; raise it when tests are added.
-KERNEL_FLOOR=0
+# at least; raise it when tests are added. Counted 2026-12-01 on 76f06c2 (main e5ce4ac and
+# this tier's changes): 924 passed, 19 skipped (the IPVS kernel tests, which run in the VM; the
+# echo server's SCTP tests, likewise; two helpers run only by a benchmark or by hand). Main
+# only added kernel tests since; a recount on main at load 60-80 on 2026-12-02 did not finish.
+KERNEL_FLOOR=924
 
 if [ "$(id -u)" != 0 ]; then
   echo "test-kernel: needs root (network namespaces)" >&2
