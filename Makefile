@@ -1,6 +1,8 @@
 # sluice — a drop-in replacement for kube-proxy.
 # `make help` lists the targets. Tests that need root, network namespaces or the real
 # kube-apiserver are in `make test`; `make test-unit` needs none of them and takes seconds.
+# `make test` first checks (hack/prereqs.sh) everything its tiers need, installing missing
+# apt packages when it runs as root, so it never stops half-way for a missing tool.
 
 SHELL       := /usr/bin/env bash
 GO          ?= go
@@ -19,9 +21,18 @@ build: ## Build bin/sluice (static) and the test helper binaries.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/sluice ./cmd/sluice
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/echoserver ./test/echoserver
 
+.PHONY: prereqs
+prereqs: ## Check what make test needs (root, Go, packages, kernel features, disk); install missing apt packages.
+	hack/prereqs.sh all
+
 .PHONY: test-unit
 test-unit: ## Fast tier: unit, golden and fake-backed tests; no root, no netns, seconds.
-	$(GO) test $(GOTESTFLAGS) ./...
+	GOTESTFLAGS='$(GOTESTFLAGS)' hack/test-unit.sh
+
+.PHONY: test-race
+test-race: ## The packages that run goroutines, under the race detector (cgo: gcc).
+	hack/prereqs.sh race
+	GOTESTFLAGS='$(GOTESTFLAGS)' hack/test-race.sh
 
 .PHONY: verify
 verify: ## gofmt, go vet and the import-direction rules.
@@ -29,22 +40,26 @@ verify: ## gofmt, go vet and the import-direction rules.
 
 .PHONY: test-kernel
 test-kernel: build ## Backends against the real kernel, each test in its own network namespace (root).
+	hack/prereqs.sh kernel
 	hack/test-kernel.sh
 
 .PHONY: test-e2e
-test-e2e: build ## sluice against a real etcd + kube-apiserver (recording backend).
+test-e2e: build ## sluice (built with -race) against a real etcd + kube-apiserver (recording backend).
+	hack/prereqs.sh e2e
 	hack/test-e2e.sh
 
 .PHONY: test-conformance
 test-conformance: build ## Real-packet conformance suite in netns nodes, iptables and nftables backends (root).
+	hack/prereqs.sh conformance
 	hack/test-conformance.sh
 
 .PHONY: test-ipvs
 test-ipvs: build ## IPVS backend and conformance suite inside a qemu VM running Debian's kernel.
+	hack/prereqs.sh ipvs
 	hack/ipvs-vm.sh
 
 .PHONY: test
-test: verify test-unit test-kernel test-e2e test-conformance test-ipvs ## Everything CI runs.
+test: prereqs verify test-unit test-race test-kernel test-e2e test-conformance test-ipvs ## Everything CI runs.
 
 .PHONY: fuzz
 fuzz: ## Fuzz the model for FUZZTIME (default 30s) per target; seed corpora live in testdata/fuzz.

@@ -55,6 +55,18 @@ SUITES=(
   "sctp-nftables ./test/conformance conformance -backend=nftables -test.run=^TestConformance$/^SCTPClusterIPAndNodePort$"
 )
 
+# Each suite's floor: the tests (subtests included) that pass in it, at least (hack/testcount
+# counts them in the guest; a suite below its floor fails like a failing test); raise them
+# with the tests. A suite missing here fails the run. SLUICE_VM_TESTFLAGS lifts the floors (a
+# narrowed run). Counted (2026-12-02) from what each suite runs where every feature is there:
+# ipvs 53 tests and 53 subtests less TestKernelNewFailsWithoutIPVS (skips where IPVS is);
+# vm 11; echo 8 tests and 10 subtests; conformance-ipvs TestConformance and its 26 cases;
+# sctp-* TestConformance and its SCTP case.
+declare -A SUITE_FLOOR=([ipvs]=105 [vm]=11 [echo]=18 [conformance-ipvs]=27 [sctp-iptables]=2 [sctp-nftables]=2)
+
+# What the guest has (test/require): a test that finds one of these missing fails.
+VM_REQUIRE="${SLUICE_VM_REQUIRE:-root,ipv6,sctp,ipvs,ipset,iptables-legacy,iptables-nft,nft,loopback}"
+
 # Under TCG kube-apiserver needs one to two minutes to become ready (the RBAC and other
 # bootstrap objects, each write an emulated round trip), and a restart under the suite's
 # traffic has taken over 90s, the suite's default made for the host. The flags leave out what
@@ -110,7 +122,7 @@ trap 'log "interrupted"; exit 130' INT TERM
 need() {
   local missing=() c
   for c in "$@"; do command -v "$c" >/dev/null 2>&1 || missing+=("$c"); done
-  [ ${#missing[@]} -eq 0 ] || die "missing host commands: ${missing[*]} (apt-get install qemu-system-x86 busybox-static cpio kmod xz-utils)"
+  [ ${#missing[@]} -eq 0 ] || die "missing host commands: ${missing[*]} (hack/prereqs.sh ipvs installs them, as root)"
 }
 need qemu-system-x86_64 busybox cpio depmod modprobe ldd apt-get apt-cache dpkg-deb xz gzip timeout flock awk sha256sum od
 
@@ -373,13 +385,15 @@ put() {
 # like `go test` (the package, followed by the suite's flags when it has any).
 build_suites() {
   local t0; t0="$(now)"
-  local runner="$overlay/sluice/run.sh" spec name pkg tags flags rel bin label env conformance=0
+  local runner="$overlay/sluice/run.sh" spec name pkg tags flags rel bin label env floor conformance=0
   local -A built=()
   {
+    echo 'set -o pipefail'
+    printf 'export SLUICE_REQUIRE=%q\n' "$VM_REQUIRE"
     echo 'rc=0'
     echo 'suite() {'
-    echo '  local label=$1 dir=$2 t0=$EPOCHREALTIME s; shift 2'
-    echo '  (cd "$dir" && "$@"); s=$?'
+    echo '  local label=$1 floor=$2 dir=$3 t0=$EPOCHREALTIME s; shift 3'
+    echo '  (cd "$dir" && "$@") 2>&1 | testcount -text -tier "$label" -floor "$floor"; s=$?'
     echo '  local dt; dt=$(awk -v a="$t0" -v b="$EPOCHREALTIME" '"'"'BEGIN { printf "%.3f", b - a }'"'"')'
     echo '  if [ "$s" = 0 ]; then printf "ok  \t%s\t%ss\n" "$label" "$dt"; else printf "FAIL\t%s\t%ss\n" "$label" "$dt"; rc=1; fi'
     echo '}'
@@ -389,6 +403,9 @@ build_suites() {
     if [ -n "${SLUICE_VM_SUITES:-}" ] && [[ " ${SLUICE_VM_SUITES} " != *" ${name} "* ]]; then
       continue
     fi
+    [ -n "${SUITE_FLOOR[$name]:-}" ] || die "suite ${name} has no floor in SUITE_FLOOR"
+    floor="${SUITE_FLOOR[$name]}"
+    [ -z "${SLUICE_VM_TESTFLAGS:-}" ] || floor=0
     rel="${pkg#./}"
     bin="/sluice/bin/${rel//\//-}.${tags}.test"
     if [ -z "${built[$bin]:-}" ]; then
@@ -408,13 +425,15 @@ build_suites() {
       env=(env "${conformance_env[@]}")
     fi
     # shellcheck disable=SC2086 # flags and SLUICE_VM_TESTFLAGS are lists of flags
-    printf 'suite %q %q%s %q -test.v -test.timeout=%q%s%s\n' "$label" "/sluice/src/$rel" \
+    printf 'suite %q %q %q%s %q -test.v -test.timeout=%q%s%s\n' "$label" "$floor" "/sluice/src/$rel" \
       "$(for e in ${env[@]+"${env[@]}"}; do printf ' %q' "$e"; done)" \
       "$bin" "${SLUICE_VM_TEST_TIMEOUT:-20m}" \
       "$(for f in ${flags}; do printf ' %q' "$f"; done)" \
       "$(for f in ${SLUICE_VM_TESTFLAGS:-}; do printf ' %q' "$f"; done)" >>"$runner"
   done
   echo 'exit $rc' >>"$runner"
+  (cd "$ROOT" && CGO_ENABLED=0 go build -o "$tmp/bin/testcount" ./hack/testcount) || die "building hack/testcount failed"
+  put "$tmp/bin/testcount" /sluice/bin/testcount
   if [ "$conformance" = 1 ]; then prepare_conformance; fi
   log "test binaries built ($(since "$t0")s)"
 }

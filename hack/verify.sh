@@ -21,10 +21,22 @@ go vet -tags vmharness ./test/vm/...
 
 # forbid PKG_PATTERN IMPORT_REGEX WHY: no package matching PKG_PATTERN may import (directly)
 # a package matching IMPORT_REGEX.
+# A go list error (a pattern that matches nothing, a package that does not load) fails the
+# check: an empty list would otherwise pass it.
 forbid() {
-  local pkgs="$1" re="$2" why="$3" out
-  out=$(go list -f '{{.ImportPath}}: {{join .Imports " "}}' $pkgs 2>/dev/null | awk -v re="$re" '{
-      for (i = 2; i <= NF; i++) if ($i ~ re) print $1 " imports " $i }')
+  local pkgs="$1" re="$2" why="$3" list out errs
+  errs="$(mktemp)"
+  # shellcheck disable=SC2086 # pkgs is a list of patterns
+  if ! list=$(go list -f '{{.ImportPath}}: {{join .Imports " "}}' $pkgs 2>"$errs") || [ -s "$errs" ] || [ -z "$list" ]; then
+    echo "verify: go list ${pkgs} failed, so the rule \"${why}\" was not checked:" >&2
+    cat "$errs" >&2
+    [ -n "$list" ] || echo "(no packages)" >&2
+    rm -f "$errs"
+    fail=1
+    return
+  fi
+  rm -f "$errs"
+  out=$(awk -v re="$re" '{ for (i = 2; i <= NF; i++) if ($i ~ re) print $1 " imports " $i }' <<<"$list")
   if [ -n "$out" ]; then
     echo "verify: $why" >&2
     echo "$out" >&2

@@ -1,10 +1,13 @@
 package hostnet
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 func TestAddrsOfUnmapsAndSkipsWhatIsNoIP(t *testing.T) {
@@ -56,9 +59,8 @@ func TestInterfaceAddrsHasLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(addrs, netip.Addr.IsLoopback) {
-		t.Skipf("no loopback address in this namespace (%v)", addrs)
-	}
+	require.Feature(t, require.Loopback, slices.ContainsFunc(addrs, netip.Addr.IsLoopback),
+		fmt.Sprintf("no loopback address in this namespace (%v)", addrs))
 	for _, a := range addrs {
 		if a.Is4In6() {
 			t.Errorf("%s is not unmapped", a)

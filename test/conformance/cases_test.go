@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
+	"github.com/sluiceproxy/sluice/test/require"
 	"github.com/sluiceproxy/sluice/test/topology"
 )
 
@@ -499,9 +500,7 @@ func hairpinPodReachesItself(t *testing.T, e *env) {
 // SCTP Services work like TCP ones: ClusterIP from a pod and NodePort from the external
 // client. Skipped where the kernel has no SCTP (the echo servers cannot listen then).
 func sctpClusterIPAndNodePort(t *testing.T, e *env) {
-	if !e.sctp {
-		t.Skip("kernel has no SCTP sockets; this case runs in the IPVS VM (hack/ipvs-vm.sh)")
-	}
+	require.Feature(t, require.SCTP, e.sctp, "kernel has no SCTP sockets; this case runs in the IPVS VM (hack/ipvs-vm.sh)")
 	a0, _, b0, b1 := e.pods()
 	nodeA, _ := e.nodes()
 	svc := e.createService(t, service(e.namespace(t), "sctp", corev1.ServiceTypeNodePort, port("sctp", corev1.ProtocolSCTP, 80)))

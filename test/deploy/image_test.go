@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 // No container engine runs where the tests run, so the image itself is not built. What can
@@ -464,13 +466,10 @@ func TestImageInstallsEveryProgramSluiceRuns(t *testing.T) {
 	// Debian release as the image's.
 	_, _, release := goImageAndRelease(t)
 	osRelease, err := os.ReadFile("/etc/os-release")
-	if err != nil || !strings.Contains(string(osRelease), "VERSION_CODENAME="+release+"\n") {
-		t.Skipf("this machine is not Debian %s; cannot list the image's package contents", release)
-	}
+	require.Feature(t, require.ImageRelease, err == nil && strings.Contains(string(osRelease), "VERSION_CODENAME="+release+"\n"),
+		fmt.Sprintf("this machine is not Debian %s; cannot list the image's package contents", release))
 	out, err := exec.Command("dpkg", "-L", "iptables").Output()
-	if err != nil {
-		t.Skipf("dpkg -L iptables: %v (is iptables installed?)", err)
-	}
+	require.Feature(t, require.ImageRelease, err == nil, fmt.Sprintf("dpkg -L iptables: %v (is iptables installed?)", err))
 	provided := map[string]bool{}
 	for _, l := range strings.Split(string(out), "\n") {
 		if strings.HasPrefix(l, "/usr/sbin/") {

@@ -32,6 +32,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/framework/reexec"
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 const nodeName = "node-1"
@@ -280,22 +282,14 @@ const envInNetns = "SLUICE_E2E_CONTROLPLANE_NETNS"
 // in a private network namespace (unshare --net) and puts the address on its loopback.
 func TestControlPlaneOnLinkLocalAddress(t *testing.T) {
 	if os.Getenv(envInNetns) == "" {
-		if os.Geteuid() != 0 {
-			t.Skip("needs root to create a network namespace")
-		}
+		require.Feature(t, require.Root, os.Geteuid() == 0, "needs root to create a network namespace")
 		// Resolve the binaries here, so the child does not build them inside its netns.
 		bins, err := controlplane.FindBinaries(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.CommandContext(t.Context(), "unshare", "--net", "--", os.Args[0],
-			"-test.run=^TestControlPlaneOnLinkLocalAddress$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), envInNetns+"=1", "KUBE_APISERVER="+bins.KubeAPIServer, "ETCD="+bins.Etcd)
-		out, err := cmd.CombinedOutput()
-		t.Logf("in a private network namespace:\n%s", out)
-		if err != nil {
-			t.Fatalf("test in a private network namespace: %v", err)
-		}
+		reexec.Run(t, []string{"unshare", "--net", "--"},
+			[]string{envInNetns + "=1", "KUBE_APISERVER=" + bins.KubeAPIServer, "ETCD=" + bins.Etcd})
 		return
 	}
 

@@ -39,6 +39,9 @@ func runSluice(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	if ctx.Err() != nil {
 		t.Fatalf("sluice %v did not exit within 30s; stderr:\n%s", args, errOut.String())
 	}
+	if strings.Contains(errOut.String(), raceReport) {
+		t.Errorf("the race detector found a data race in sluice %v:\n%s", args, raceReports(errOut.String()))
+	}
 	return code, out.String(), errOut.String()
 }
 

@@ -65,10 +65,14 @@ type sluiceProcess struct {
 	exited      chan error
 }
 
+// sluiceBinary is the sluice this package runs: $SLUICE_E2E_BIN (hack/test-e2e.sh sets it to a
+// build with the race detector), else $SLUICE_BIN, else bin/sluice.
 func sluiceBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("SLUICE_BIN"); p != "" {
-		return p
+	for _, env := range []string{"SLUICE_E2E_BIN", "SLUICE_BIN"} {
+		if p := os.Getenv(env); p != "" {
+			return p
+		}
 	}
 	p, err := filepath.Abs("../../bin/sluice")
 	if err != nil {
@@ -168,10 +172,34 @@ func (p *sluiceProcess) start(t *testing.T, cmd *exec.Cmd) {
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 			<-p.exited
 		}
-		if t.Failed() {
-			t.Logf("sluice log (last 200 lines):\n%s", lastLines(p.log(), 200))
+		if log := p.log(); strings.Contains(log, raceReport) {
+			t.Errorf("the race detector found a data race in sluice:\n%s", raceReports(log))
+		} else if t.Failed() {
+			t.Logf("sluice log (last 200 lines):\n%s", lastLines(log, 200))
 		}
 	})
+}
+
+// raceReport starts what a binary built with -race writes to stderr on a data race (and
+// it goes on running; it exits 66 at the end).
+const raceReport = "WARNING: DATA RACE"
+
+// raceReports returns the race detector's reports in a log, each up to its closing line.
+func raceReports(log string) string {
+	var out []string
+	in := false
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, raceReport) {
+			in = true
+		}
+		if in {
+			out = append(out, line)
+		}
+		if in && strings.HasPrefix(line, "==================") && len(out) > 1 {
+			in = false
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // log returns what sluice has written so far.

@@ -18,6 +18,8 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/app"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/framework/reexec"
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 const (
@@ -46,23 +48,15 @@ func TestSluiceStartsWithKubeadmConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if os.Getenv(envInKubeadmNamespaces) == "" {
-		if os.Geteuid() != 0 {
-			t.Skip("needs root to create network and mount namespaces")
-		}
+		require.Feature(t, require.Root, os.Geteuid() == 0, "needs root to create network and mount namespaces")
 		// Resolved here, so that the child builds nothing inside its namespaces.
 		bins, err := controlplane.FindBinaries(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.CommandContext(t.Context(), "unshare", "--net", "--mount", "--uts", "--propagation", "private", "--",
-			os.Args[0], "-test.run=^TestSluiceStartsWithKubeadmConfig$", "-test.v", "-test.count=1", "-test.timeout=3m")
-		cmd.Env = append(os.Environ(), envInKubeadmNamespaces+"=1",
-			"KUBE_APISERVER="+bins.KubeAPIServer, "ETCD="+bins.Etcd, "SLUICE_BIN="+sluiceBinary(t))
-		out, err := cmd.CombinedOutput()
-		t.Logf("in private network, mount and UTS namespaces:\n%s", out)
-		if err != nil {
-			t.Fatalf("test in private namespaces: %v", err)
-		}
+		reexec.Run(t, []string{"unshare", "--net", "--mount", "--uts", "--propagation", "private", "--"},
+			[]string{envInKubeadmNamespaces + "=1", "KUBE_APISERVER=" + bins.KubeAPIServer, "ETCD=" + bins.Etcd, "SLUICE_BIN=" + sluiceBinary(t)},
+			"-test.timeout=3m")
 		return
 	}
 

@@ -26,6 +26,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/pkg/watch"
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 func TestSluiceServices(t *testing.T) {
@@ -368,9 +369,7 @@ func (e *servicesEnv) testNamedPorts(t *testing.T) {
 }
 
 func (e *servicesEnv) testDualStack(t *testing.T) {
-	if !e.dual {
-		t.Skip("sluice proxies IPv4 only on this host")
-	}
+	require.Feature(t, require.IPv6, e.dual, "sluice proxies IPv4 only on this host")
 	t.Parallel()
 	c, p := e.admin, e.p
 	ns := newNamespace(t, c, "dual")

@@ -17,10 +17,18 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
-const envMarker = "SLUICE_TEST_IN_NETNS"
+const (
+	envMarker = "SLUICE_TEST_IN_NETNS"
+	// envReport names the file where the re-executed process writes the status m.Run
+	// returned: the proof that the child reached the tests rather than exiting early.
+	envReport = "SLUICE_TEST_NETNS_REPORT"
+)
 
 // Main runs m inside a new network namespace with loopback up, re-executing the test binary
 // there if needed, and exits with the tests' status. It fails (rather than skips) when not
@@ -31,24 +39,52 @@ func Main(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "netnstest: kernel tests need root (they create network namespaces)")
 			os.Exit(1)
 		}
-		args := append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)
-		cmd := exec.Command("unshare", args...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		cmd.Env = append(os.Environ(), envMarker+"=1")
-		if err := cmd.Run(); err != nil {
-			if ee, ok := err.(*exec.ExitError); ok {
-				os.Exit(ee.ExitCode())
-			}
-			fmt.Fprintf(os.Stderr, "netnstest: re-executing in a new network namespace: %v\n", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(reexec())
 	}
 	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "netnstest: bringing up loopback: %v: %s\n", err, out)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if report := os.Getenv(envReport); report != "" {
+		if err := os.WriteFile(report, []byte(strconv.Itoa(code)), 0o600); err != nil {
+			fmt.Fprintf(os.Stderr, "netnstest: writing the run report: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	os.Exit(code)
+}
+
+// reexec runs this test binary again under `unshare --net` and returns the exit status to
+// leave with. A child that exits 0 without having run m.Run (an early os.Exit in an init
+// or TestMain path) would look like a passing package; the report file it writes after
+// m.Run tells the two apart.
+func reexec() int {
+	dir, err := os.MkdirTemp("", "netnstest-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "netnstest: %v\n", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	report := filepath.Join(dir, "status")
+	args := append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)
+	cmd := exec.Command("unshare", args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), envMarker+"=1", envReport+"="+report)
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stderr, "netnstest: re-executing in a new network namespace: %v\n", err)
+		return 1
+	}
+	b, err := os.ReadFile(report)
+	if err != nil || strings.TrimSpace(string(b)) != "0" {
+		fmt.Fprintf(os.Stderr, "netnstest: the test binary re-executed in a new network namespace exited 0 without "+
+			"running its tests to a status of 0 (report %q: %v)\n", b, err)
+		return 1
+	}
+	return 0
 }
 
 // InNetns reports whether the process runs in the private namespace Main created.

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/sluiceproxy/sluice/test/netnstest"
+	"github.com/sluiceproxy/sluice/test/require"
 	"github.com/sluiceproxy/sluice/test/sandbox"
 )
 
@@ -251,13 +252,11 @@ func TestSandboxDownAfterTheSandboxWasKilled(t *testing.T) {
 }
 
 func TestSandboxIPVSWithoutIPVSFailsAtOnce(t *testing.T) {
-	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
-		t.Skip("this kernel has IPVS")
+	hasIPVS := func() bool { _, err := os.Stat("/proc/net/ip_vs"); return err == nil }
+	if !hasIPVS() {
+		_ = exec.Command("modprobe", "-q", "ip_vs").Run()
 	}
-	_ = exec.Command("modprobe", "-q", "ip_vs").Run()
-	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
-		t.Skip("this kernel has IPVS")
-	}
+	require.Feature(t, require.NoIPVS, !hasIPVS(), "this kernel has IPVS")
 	runDir := filepath.Join(t.TempDir(), "run")
 	start := time.Now()
 	out, err := demo(t, context.Background(), runDir, "ipvs", "up", "--once").CombinedOutput()

@@ -1115,6 +1115,11 @@ func (b *Backend) Monitor(ctx context.Context, interval time.Duration, resync fu
 			return
 		case <-t.C:
 		}
+		// select picks at random when the tick and the cancellation are both ready: a
+		// cancelled Monitor must not check (and ask for a resync) once more.
+		if ctx.Err() != nil {
+			return
+		}
 		if !b.synced.Load() {
 			continue
 		}

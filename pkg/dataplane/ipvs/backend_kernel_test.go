@@ -40,6 +40,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 	"github.com/sluiceproxy/sluice/test/netnstest"
+	"github.com/sluiceproxy/sluice/test/require"
 	"github.com/sluiceproxy/sluice/test/vm"
 )
 
@@ -65,7 +66,7 @@ func requireKernelIPVS(t *testing.T) {
 	if vm.InGuest() {
 		t.Fatal("the test VM's kernel has no IPVS")
 	}
-	t.Skip("kernel has no IPVS; run via hack/ipvs-vm.sh")
+	require.Feature(t, require.IPVS, false, "kernel has no IPVS; run via hack/ipvs-vm.sh")
 }
 
 // topology is a client and pods around this namespace, the node.
@@ -668,9 +669,7 @@ func TestKernelNewFailsWithoutIPVS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok {
-		t.Skip("this kernel has IPVS; the test is for kernels without it")
-	}
+	require.Feature(t, require.NoIPVS, !ok, "this kernel has IPVS; the test is for kernels without it")
 	_, err = New(context.Background(), kernelConfig(), Settings{})
 	if !errors.Is(err, ErrNoIPVS) || !strings.Contains(err.Error(), "use mode nftables") {
 		t.Fatalf("New = %v, want the no-IPVS error", err)
@@ -746,9 +745,7 @@ func TestKernelIPSetsRoundTrip(t *testing.T) {
 		for typ, e := range entries {
 			name := fmt.Sprintf("SLUICE-TEST-%d-%s", family, strings.NewReplacer(":", "-", ",", "-").Replace(string(typ)))
 			if err := sets.Create(name, typ, family); err != nil {
-				if isNotSupported(err) {
-					t.Skipf("no ipset in this kernel: %v", err)
-				}
+				require.Feature(t, require.IPSet, !isNotSupported(err), fmt.Sprintf("no ipset in this kernel: %v", err))
 				t.Fatalf("create %s: %v", name, err)
 			}
 			if err := sets.Create(name, typ, family); !errors.Is(err, errExist) {
@@ -836,9 +833,8 @@ func TestKernelIPv6(t *testing.T) {
 // flavour): both must take the ruleset.
 func TestKernelLegacyFlavour(t *testing.T) {
 	tp := newTopology(t, 1)
-	if _, err := exec.LookPath("iptables-legacy-restore"); err != nil {
-		t.Skip("no iptables-legacy")
-	}
+	_, err := exec.LookPath("iptables-legacy-restore")
+	require.Feature(t, require.IPTablesLegacy, err == nil, "no iptables-legacy")
 	b, err := New(context.Background(), kernelConfig(), Settings{}, WithFlavour(FlavourLegacy))
 	if err != nil {
 		t.Fatal(err)
@@ -861,9 +857,7 @@ func TestKernelLegacyFlavour(t *testing.T) {
 // kernel has no SCTP sockets; the VM's has).
 func TestKernelSCTP(t *testing.T) {
 	tp := newTopology(t, 2)
-	if !echo.SCTPSupported() {
-		t.Skip("kernel has no SCTP sockets")
-	}
+	require.Feature(t, require.SCTP, echo.SCTPSupported(), "kernel has no SCTP sockets")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	for i, ns := range tp.pods {

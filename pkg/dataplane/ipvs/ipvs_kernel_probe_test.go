@@ -33,6 +33,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane/ipvs"
 	"github.com/sluiceproxy/sluice/test/netnstest"
+	"github.com/sluiceproxy/sluice/test/require"
 	"github.com/sluiceproxy/sluice/test/vm"
 )
 
@@ -57,7 +58,7 @@ func requireIPVS(t *testing.T) {
 	if vm.InGuest() {
 		t.Fatalf("the test VM's kernel has no IPVS generic-netlink family; hack/vm/modules.list must load ip_vs")
 	}
-	t.Skip("kernel has no IPVS; run via hack/ipvs-vm.sh")
+	require.Feature(t, require.IPVS, false, "kernel has no IPVS; run via hack/ipvs-vm.sh")
 }
 
 // ipvsHandle opens an IPVS netlink handle inside the named namespace. IPVS tables are per

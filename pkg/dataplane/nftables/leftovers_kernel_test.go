@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 // TestStartRemovesIPTablesLeftovers: kube-proxy's iptables chains (both iptables
@@ -17,9 +18,8 @@ func TestStartRemovesIPTablesLeftovers(t *testing.T) {
 		t.Run(flavour, func(t *testing.T) {
 			restore := "iptables-" + flavour + "-restore"
 			save := "iptables-" + flavour + "-save"
-			if _, err := exec.LookPath(restore); err != nil {
-				t.Skipf("%s not installed", restore)
-			}
+			_, err := exec.LookPath(restore)
+			require.Feature(t, "iptables-"+flavour, err == nil, restore+" not installed")
 			in := `*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-SVC-ABCDEF - [0:0]

@@ -11,15 +11,15 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 // TestKernelRenderIsWhatTheBackendSends: on a node without the table, the first full
 // sync of a real backend sends exactly the plan Render prints, and nft(8) accepts that
 // text (`nft -c -f`, check mode: parsed and validated by the kernel, nothing committed).
 func TestKernelRenderIsWhatTheBackendSends(t *testing.T) {
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Skip("nft is not installed")
-	}
+	_, err := exec.LookPath("nft")
+	require.Feature(t, require.NFT, err == nil, "nft is not installed")
 	for _, v := range planVariants {
 		t.Run(v.name, func(t *testing.T) {
 			resetTable(t)

@@ -9,6 +9,7 @@ package echo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluiceproxy/sluice/test/netnstest"
+	"github.com/sluiceproxy/sluice/test/require"
 )
 
 func TestMain(m *testing.M) { netnstest.Main(m) }
@@ -129,7 +131,7 @@ func TestSCTPIsAnsweredOrSkippedCleanly(t *testing.T) {
 		if len(srv.Skipped) == 0 {
 			t.Fatal("no SCTP in this kernel, yet the server did not record its SCTP listeners as skipped")
 		}
-		t.Skipf("kernel has no SCTP sockets; server skipped %v", srv.Skipped)
+		require.Feature(t, require.SCTP, false, fmt.Sprintf("kernel has no SCTP sockets; server skipped %v", srv.Skipped))
 	}
 	out := Probe(context.Background(), SCTP, netip.MustParseAddrPort("127.0.0.1:18080"), ProbeOptions{})
 	if out.Result != Answered || out.Reply.Protocol != SCTP {
@@ -147,9 +149,7 @@ func TestSCTPIsAnsweredOrSkippedCleanly(t *testing.T) {
 // waiting in the socket whenever the handshake was quicker than the probe's goroutine.
 func TestSCTPAssociationUpBeforeTheWaitIsNoticed(t *testing.T) {
 	startServer(t, SCTP)
-	if !SCTPSupported() {
-		t.Skip("kernel has no SCTP sockets")
-	}
+	require.Feature(t, require.SCTP, SCTPSupported(), "kernel has no SCTP sockets")
 	fd, err := sctpSocket(unix.AF_INET)
 	if err != nil {
 		t.Fatal(err)
