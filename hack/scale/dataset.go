@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -275,9 +276,21 @@ func (d *dataset) apiserverCPU() (float64, error) {
 func (d *dataset) writeBulk(ctx context.Context, i int) error {
 	name := bulkName(i)
 	err := retry(ctx, func() error {
-		_, err := d.kube.CoreV1().Services(datasetNamespace).Create(ctx, service(datasetNamespace, name, d.clusterIPs.bulk(i)), metav1.CreateOptions{})
+		ip := d.clusterIPs.bulk(i)
+		_, err := d.kube.CoreV1().Services(datasetNamespace).Create(ctx, service(datasetNamespace, name, ip), metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			return nil
+		}
+		if apierrors.IsInvalid(err) {
+			// A busy apiserver may answer an earlier attempt with a timeout after it
+			// stored the Service; the retry then fails on the ClusterIP (allocated before
+			// the name is checked). The Service being there is success; otherwise the
+			// address is held by an attempt still in flight or being rolled back.
+			got, gerr := d.kube.CoreV1().Services(datasetNamespace).Get(ctx, name, metav1.GetOptions{})
+			if gerr == nil && got.Spec.ClusterIP == ip.String() {
+				return nil
+			}
+			return fmt.Errorf("%w: %w", errTransient, err)
 		}
 		return err
 	})
@@ -298,6 +311,10 @@ func (d *dataset) writeBulk(ctx context.Context, i int) error {
 	return nil
 }
 
+// errTransient marks an error of f that retry should retry although the API's status
+// alone would not say so.
+var errTransient = errors.New("transient")
+
 // retry retries f on errors a busy apiserver returns (throttling, timeouts, conflicts),
 // with a growing pause, a few times.
 func retry(ctx context.Context, f func() error) error {
@@ -307,7 +324,7 @@ func retry(ctx context.Context, f func() error) error {
 		if err == nil {
 			return nil
 		}
-		transient := apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
+		transient := errors.Is(err, errTransient) || apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
 			apierrors.IsConflict(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
 		if !transient || attempt == 8 {
 			return err

@@ -10,11 +10,18 @@ import (
 // printMarkdown writes the tables docs/benchmarks.md holds (-report results.json -markdown),
 // so that the page is the run's output, not a transcription of it.
 func (r *Report) printMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "Run of %s UTC, %s (%s wall); sluice `%s`, upstream `%s`; %d CPUs, %.0f GiB, kernel %s, %s.\n",
-		r.Started.UTC().Format("2006-01-02 15:04"), r.Finished.UTC().Format("15:04"), r.Finished.Sub(r.Started).Round(time.Minute),
+	// A run still going (or stopped before its end) has written its results so far but
+	// neither its end time nor its last load average.
+	span, loadEnd := "unfinished: the tables hold the runs done when the results were last written", "not recorded (unfinished)"
+	if !r.Finished.IsZero() {
+		span = fmt.Sprintf("%s (%s wall)", r.Finished.UTC().Format("15:04"), r.Finished.Sub(r.Started).Round(time.Minute))
+		loadEnd = fmt.Sprintf("%.1f / %.1f / %.1f", r.LoadAvgEnd[0], r.LoadAvgEnd[1], r.LoadAvgEnd[2])
+	}
+	fmt.Fprintf(w, "Run of %s UTC, %s; sluice `%s`, upstream `%s`; %d CPUs, %.0f GiB, kernel %s, %s.\n",
+		r.Started.UTC().Format("2006-01-02 15:04"), span,
 		r.Sluice.Version, r.KubeProxy.Version, r.Machine.CPUs, float64(r.Machine.MemoryBytes)/(1<<30), r.Machine.Kernel, r.Machine.GoVersion)
-	fmt.Fprintf(w, "Load average (1/5/15 min) %.1f / %.1f / %.1f at the start, %.1f / %.1f / %.1f at the end. %d endpoints per Service, syncPeriod %s for both proxies, runs kept going for %d periodic resyncs; seed %d.\n",
-		r.LoadAvgStart[0], r.LoadAvgStart[1], r.LoadAvgStart[2], r.LoadAvgEnd[0], r.LoadAvgEnd[1], r.LoadAvgEnd[2],
+	fmt.Fprintf(w, "Load average (1/5/15 min) %.1f / %.1f / %.1f at the start, %s at the end. %d endpoints per Service, syncPeriod %s for both proxies, runs kept going for %d periodic resyncs; seed %d.\n",
+		r.LoadAvgStart[0], r.LoadAvgStart[1], r.LoadAvgStart[2], loadEnd,
 		r.Options.Endpoints, r.Options.SyncPeriod, r.Options.Resyncs, r.Options.Seed)
 
 	var goals [][]string

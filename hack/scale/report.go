@@ -680,9 +680,13 @@ func ratioText(v float64) string {
 
 // printTable writes the summary and the ratios for people.
 func (r *Report) printTable(w io.Writer) {
-	fmt.Fprintf(w, "\nsluice scale benchmark, %s to %s; %d CPUs, kernel %s; load average %.2f %.2f %.2f at start, %.2f %.2f %.2f at end\n",
-		r.Started.Format("2006-01-02 15:04"), r.Finished.Format("15:04"), r.Machine.CPUs, r.Machine.Kernel,
-		r.LoadAvgStart[0], r.LoadAvgStart[1], r.LoadAvgStart[2], r.LoadAvgEnd[0], r.LoadAvgEnd[1], r.LoadAvgEnd[2])
+	end := "unfinished"
+	if !r.Finished.IsZero() {
+		end = fmt.Sprintf("%s; load average %.2f %.2f %.2f at end", r.Finished.Format("15:04"), r.LoadAvgEnd[0], r.LoadAvgEnd[1], r.LoadAvgEnd[2])
+	}
+	fmt.Fprintf(w, "\nsluice scale benchmark, %s to %s; %d CPUs, kernel %s; load average %.2f %.2f %.2f at start\n",
+		r.Started.Format("2006-01-02 15:04"), end, r.Machine.CPUs, r.Machine.Kernel,
+		r.LoadAvgStart[0], r.LoadAvgStart[1], r.LoadAvgStart[2])
 	fmt.Fprintf(w, "sluice: %s\nupstream: %s\n", r.Sluice.Version, r.KubeProxy.Version)
 	fmt.Fprintf(w, "%d endpoints per Service; medians of %d endpoint moves; %d first-packet samples; syncPeriod %s, runs kept going for %d periodic resyncs\n",
 		r.Options.Endpoints, r.Options.Changes, r.Options.FirstPacketSamples, r.Options.SyncPeriod, r.Options.Resyncs)
