@@ -447,6 +447,18 @@ func (e *Env) EchoServiceIn(t *testing.T, node, ns string) *corev1.Service {
 	return svc
 }
 
+// clusterIP is svc's ClusterIP of family fam.
+func clusterIP(t *testing.T, svc *corev1.Service, fam corev1.IPFamily) netip.Addr {
+	t.Helper()
+	for _, c := range svc.Spec.ClusterIPs {
+		if a := netip.MustParseAddr(c); a.Is4() == (fam == corev1.IPv4Protocol) {
+			return a
+		}
+	}
+	t.Fatalf("Service %s/%s has no %s ClusterIP: %v", svc.Namespace, svc.Name, fam, svc.Spec.ClusterIPs)
+	return netip.Addr{}
+}
+
 func familyAddr(h *topology.Host, fam corev1.IPFamily) netip.Addr {
 	if fam == corev1.IPv6Protocol {
 		return h.IPv6
@@ -461,16 +473,7 @@ func familyAddr(h *topology.Host, fam corev1.IPFamily) netip.Addr {
 func (e *Env) ExpectServed(t *testing.T, s *Sluice, svc *corev1.Service) {
 	t.Helper()
 	for _, fam := range e.Families {
-		var ip netip.Addr
-		for _, c := range svc.Spec.ClusterIPs {
-			if a := netip.MustParseAddr(c); a.Is4() == (fam == corev1.IPv4Protocol) {
-				ip = a
-			}
-		}
-		if !ip.IsValid() {
-			t.Fatalf("Service %s/%s has no %s ClusterIP: %v", svc.Namespace, svc.Name, fam, svc.Spec.ClusterIPs)
-		}
-		target := netip.AddrPortFrom(ip, servicePort)
+		target := netip.AddrPortFrom(clusterIP(t, svc, fam), servicePort)
 		for _, from := range []*topology.Host{&e.Client.Host, &e.Node.Host} {
 			deadline := time.Now().Add(convergeTimeout)
 			answered := 0
