@@ -639,33 +639,24 @@ func (p *planner) wantBlock(set string, base uint32, n int) {
 	p.wantedBlocks[slotBlock{base: base, set: uint8(endpointMapIndex(set))}] = n
 }
 
-// slotWanted reports whether an element of an endpoint map (a start key of 4 bytes or an
-// end key of 5, as the kernel read gives them) belongs to a wanted block's ranges.
-func (p *planner) slotWanted(set string, key string) bool {
+// inWantedBlock reports whether an element of an endpoint map (a start key of 4 bytes or
+// an end key of 5, as the kernel read gives them) lies in a block in use: a start inside
+// it, or an end after its first value up to its last value + 1. planBlockAgainstKernel
+// owns those elements.
+func (p *planner) inWantedBlock(set string, key string) bool {
 	if len(key) != 4 && len(key) != 5 {
 		return false
 	}
 	v := binary.BigEndian.Uint32([]byte(key[:4]))
-	var base uint32
-	if len(key) == 4 {
-		base = v &^ (endpointBlockSize - 1) // a start lies inside its block
-	} else {
+	base := v &^ (endpointBlockSize - 1)
+	if len(key) == 5 {
 		if v == 0 {
 			return false
 		}
-		base = (v - 1) &^ (endpointBlockSize - 1) // an end may be the block's last value + 1
+		base = (v - 1) &^ (endpointBlockSize - 1)
 	}
-	n := p.wantedBlocks[slotBlock{base: base, set: uint8(endpointMapIndex(set))}]
-	if n == 0 {
-		return false
-	}
-	// The boundaries are floor(S*i/n): starts for i in [0, n), ends for i in [1, n].
-	off := uint64(v - base)
-	i := (off*uint64(n) + endpointBlockSize - 1) / endpointBlockSize
-	if len(key) == 4 && i >= uint64(n) || len(key) == 5 && (i == 0 || i > uint64(n)) {
-		return false
-	}
-	return uint64(endpointBlockSize)*i/uint64(n) == off
+	_, ok := p.wantedBlocks[slotBlock{base: base, set: uint8(endpointMapIndex(set))}]
+	return ok
 }
 
 // planSlots writes the endpoint map elements of a Service's chains: each chain's
@@ -737,30 +728,39 @@ func appendRanges(f *family, out []elemDef, set string, base uint32, eps []model
 	return out
 }
 
-// planBlockAgainstKernel makes a block's ranges what a full read found wrong: a range
-// whose start (with its endpoint) or end is missing is written again, after deleting what
-// the kernel holds of it.
+// planBlockAgainstKernel makes a block what a full read found wrong. A block whose
+// elements are not exactly its wanted ranges is rewritten: every element the read found
+// in it (starts in [base, base+S), ends in (base, base+S]) is deleted, in the read's
+// order, then the wanted ranges are added. Deleting only the wrong boundaries (a lone
+// start here, a lone end there) while the leftovers deleted the others made the kernel
+// answer ENOENT: it finds interval elements to delete by walking its tree, and deletes of
+// adjacent elements out of the tree's order miss. planLeftovers leaves the elements of
+// wanted blocks alone: they are this function's.
 func (p *planner) planBlockAgainstKernel(set string, base uint32, eps []model.Endpoint, sc *svcScratch) {
 	var kernel intervalElems
 	if s := p.base.sets[set]; s != nil {
 		kernel = s.intervals
 	}
-	for j := range eps {
-		lo, hi := blockRange(base, j, len(eps))
-		v := endpointValue(p.f, eps[j].AddrPort())
-		start, hasStart := kernel.find(lo, false)
-		_, hasEnd := kernel.find(hi, true)
-		if hasStart && hasEnd && start.value() == v {
-			continue
+	in := kernel.inBlock(base)
+	if len(in) == 2*len(eps) {
+		exact := true
+		for j := range eps {
+			lo, hi := blockRange(base, j, len(eps))
+			start, end := &in[2*j], &in[2*j+1]
+			if start.end || start.v != lo || !end.end || end.v != hi ||
+				start.value() != endpointValue(p.f, eps[j].AddrPort()) {
+				exact = false
+				break
+			}
 		}
-		if hasStart {
-			sc.delElems = append(sc.delElems, elemDef{set: set, key: startKey(lo)})
+		if exact {
+			return
 		}
-		if hasEnd {
-			sc.delElems = append(sc.delElems, elemDef{set: set, key: endKey(hi)})
-		}
-		sc.addElems = append(sc.addElems, elemDef{set: set, key: rangeKey(lo, hi), value: v})
 	}
+	for i := range in {
+		sc.delElems = append(sc.delElems, elemDef{set: set, key: in[i].key()})
+	}
+	sc.addElems = appendRanges(p.f, sc.addElems, set, base, eps, true)
 }
 
 // One Service.
@@ -1178,7 +1178,7 @@ func (p *planner) planLeftovers() {
 			// adjacent ranges out of that order fails (ENOENT).
 			var del []elemDef
 			for i := range s.intervals {
-				if k := s.intervals[i].key(); !p.slotWanted(set, k) {
+				if k := s.intervals[i].key(); !p.inWantedBlock(set, k) {
 					del = append(del, elemDef{set: set, key: k})
 				}
 			}

@@ -507,3 +507,64 @@ func nsName(s string) types.NamespacedName {
 	ns, name, _ := cutSlash(s)
 	return types.NamespacedName{Namespace: ns, Name: name}
 }
+
+// TestFullPlanRewritesAChangedBlockInKernelOrder: a full sync that finds a Service's
+// endpoint count changed (the churn of issue 14: the Service grew or shrank since the
+// read) deletes every element of its block, in the kernel's order, in the Service's
+// group, and leaves none of them to the leftovers. Deleting only the two outer
+// boundaries there and the inner ones in the leftovers made the kernel answer ENOENT on
+// every full sync.
+func TestFullPlanRewritesAChangedBlockInKernelOrder(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		from, to int
+	}{
+		{"shrinks", 10, 9},
+		{"grows", 10, 11},
+		{"halves", 10, 5},
+		{"loses its last endpoint", 2, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := newFakeKernel(testConfig(model.IPv4))
+			ns := scaleState(model.IPv4, 3, tc.from)
+			k.apply(ns, model.Changes{Full: true})
+			target := types.NamespacedName{Namespace: "ns1", Name: "svc1"}
+			old := k.state.services[target].slots[0]
+
+			sp := *ns.PortsOf(target)[0]
+			sp.ClusterEndpoints = nil
+			for j := 0; j < tc.to; j++ {
+				sp.ClusterEndpoints = append(sp.ClusterEndpoints, model.Endpoint{
+					IP: netip.AddrFrom4([4]byte{10, 250, 0, byte(j + 1)}), Port: 8080, Ready: true, Serving: true})
+			}
+			ns.SetService(target, []*model.ServicePort{&sp}, nil)
+			p := k.apply(ns, model.Changes{Full: true})
+
+			var want []string
+			for j := range old.eps {
+				lo, hi := blockRange(old.base, j, len(old.eps))
+				want = append(want, startKey(lo), endKey(hi))
+			}
+			var got []string
+			for _, g := range p.groups {
+				for _, o := range g.ops {
+					if o.kind != opDeleteElements || o.name != old.set {
+						continue
+					}
+					if g.service != target {
+						t.Errorf("a group other than the Service's deletes elements of %s: %v", o.name, o.elems)
+					}
+					for _, e := range o.elems {
+						got = append(got, e.key)
+					}
+				}
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("deletes from %s (-want +got):\n%s\nplan:\n%s", old.set, diff, p)
+			}
+			if p := k.plan(ns, model.Changes{Full: true}); p.Len() != 0 {
+				t.Errorf("the next full plan is not empty:\n%s", p)
+			}
+		})
+	}
+}

@@ -131,6 +131,18 @@ func (es intervalElems) find(v uint32, end bool) (*intervalElem, bool) {
 	return &es[i], true
 }
 
+// inBlock returns the elements of the block at base, in order: starts in [base, base+S),
+// ends in (base, base+S].
+func (es intervalElems) inBlock(base uint32) intervalElems {
+	i, _ := slices.BinarySearchFunc(es, intervalElem{v: base, end: false}, compareIntervalElems)
+	j := i
+	last := uint64(base) + endpointBlockSize
+	for j < len(es) && (uint64(es[j].v) < last || uint64(es[j].v) == last && es[j].end) {
+		j++
+	}
+	return es[i:j]
+}
+
 // value returns a start element's value as endpointValue spells it.
 func (e *intervalElem) value() string { return "=" + string(e.data[:e.dlen]) }
 
