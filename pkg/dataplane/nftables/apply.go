@@ -44,6 +44,9 @@ type applyResult struct {
 	err error
 	// cleanupFailed tells that err is the rejection of the leftovers' cleanup.
 	cleanupFailed bool
+	// cleanupErr is the rejection of the leftovers' cleanup until the batch's other
+	// groups are sent; finish makes it err.
+	cleanupErr error
 	// batches counts transactions committed.
 	batches int
 }
@@ -145,6 +148,9 @@ func (b *batcher) flush() {
 func (b *batcher) finish() *applyResult {
 	if b.res.err == nil && len(b.pending) > 0 {
 		b.flush()
+	}
+	if b.res.err == nil && b.res.cleanupErr != nil {
+		b.res.err, b.res.cleanupFailed = b.res.cleanupErr, true
 	}
 	return &b.res
 }
@@ -263,13 +269,8 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 			}
 		}
 		for gi, e := range bad {
-			if g := groups[gi]; !g.isService() {
-				if g.cleanup {
-					res.cleanupFailed = true
-					res.err = fmt.Errorf("removing leftovers rejected: %w", e)
-				} else {
-					res.err = fmt.Errorf("fixed part of the table rejected: %w", e)
-				}
+			if g := groups[gi]; !g.isService() && !g.cleanup {
+				res.err = fmt.Errorf("fixed part of the table rejected: %w", e)
 				return
 			}
 		}
@@ -277,6 +278,10 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 			if len(groups) == 1 {
 				g := groups[0]
 				e := fmt.Errorf("transaction rejected: %w", errs[0])
+				if g.cleanup {
+					res.cleanupErr = fmt.Errorf("removing leftovers rejected: %w", e)
+					return
+				}
 				if !g.isService() {
 					res.err = e
 					return
@@ -297,6 +302,13 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 		kept := make([]*group, 0, len(groups))
 		for gi, g := range groups {
 			if e, isBad := bad[gi]; isBad {
+				if g.cleanup {
+					// Left out like a rejected Service: the Services in its batch are
+					// still programmed. The sync fails (the next one is full and plans
+					// the cleanup again from a fresh read).
+					res.cleanupErr = fmt.Errorf("removing leftovers rejected: %w", e)
+					continue
+				}
 				res.failed[g.service] = e
 				continue
 			}

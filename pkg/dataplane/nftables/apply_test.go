@@ -14,7 +14,9 @@ import (
 // that adds a rule to a chain named in bad, attributing the error to that message (or,
 // with unattributed, to the batch as a whole, as a failure at commit would be).
 type fakeSender struct {
-	bad          map[string]bool
+	bad map[string]bool
+	// badSets: deleting elements from these sets is rejected too (ENOENT).
+	badSets      map[string]bool
 	unattributed bool
 	batches      [][]string // chains written by each committed batch
 	sent         int
@@ -26,6 +28,13 @@ func (s *fakeSender) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	var errs []batchError
 	i := 0
 	for _, m := range splitMessages(msgs) {
+		if m.typ == msgType(0x0e) { // NFT_MSG_DELSETELEM
+			for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
+				if it.typ == 2 && s.badSets[it.str()] { // NFTA_SET_ELEM_LIST_SET
+					errs = append(errs, batchError{index: i, errno: syscall.ENOENT})
+				}
+			}
+		}
 		if m.typ == msgType(0x06) { // NFT_MSG_NEWRULE
 			for it := newAttrIter(m.data[nfgenHdrLen:]); it.next(); {
 				if it.typ == 2 { // NFTA_RULE_CHAIN
@@ -102,6 +111,37 @@ func TestApplierFailsWhenTheFixedPartIsRejected(t *testing.T) {
 	res := (&applier{c: s, f: ipv4, limits: defaultBatchLimits}).apply(p)
 	if res.err == nil || !strings.Contains(res.err.Error(), "fixed part") {
 		t.Fatalf("err = %v", res.err)
+	}
+}
+
+// TestRejectedCleanupLeavesTheServicesProgrammed: the kernel refuses to delete a
+// leftover endpoint map element (ENOENT, as in issue 14's churn). The sync fails as a
+// cleanup failure, but the Services in the same batch are programmed all the same.
+func TestRejectedCleanupLeavesTheServicesProgrammed(t *testing.T) {
+	k := newFakeKernel(testConfig(model.IPv4))
+	ns := scaleState(model.IPv4, 20, 2)
+	k.apply(ns, model.Changes{Full: true})
+	gone := types.NamespacedName{Namespace: "ns7", Name: "svc7"}
+	set := k.state.services[gone].slots[0].set
+	ns.SetService(gone, nil, nil)
+	changedSvc := types.NamespacedName{Namespace: "ns3", Name: "svc3"}
+	sp := *ns.PortsOf(changedSvc)[0]
+	sp.ClusterEndpoints = sp.ClusterEndpoints[:1]
+	ns.SetService(changedSvc, []*model.ServicePort{&sp}, nil)
+
+	p := k.plan(ns, model.Changes{Full: true})
+	s := &fakeSender{badSets: map[string]bool{set: true}}
+	res := (&applier{c: s, f: ipv4, limits: defaultBatchLimits}).apply(p)
+	if res.err == nil || !res.cleanupFailed || !strings.Contains(res.err.Error(), "removing leftovers rejected: delete elements from "+set) {
+		t.Fatalf("err = %v, cleanupFailed = %v", res.err, res.cleanupFailed)
+	}
+	if len(res.failed) > 0 {
+		t.Errorf("failed Services: %v", res.failed)
+	}
+	for i, g := range p.groups {
+		if !g.cleanup && !g.applied {
+			t.Errorf("group %d (%v) not applied", i, g.service)
+		}
 	}
 }
 
