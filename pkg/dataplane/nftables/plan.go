@@ -731,11 +731,11 @@ func appendRanges(f *family, out []elemDef, set string, base uint32, eps []model
 // planBlockAgainstKernel makes a block what a full read found wrong. A block whose
 // elements are not exactly its wanted ranges is rewritten: every element the read found
 // in it (starts in [base, base+S), ends in (base, base+S]) is deleted, in the read's
-// order, then the wanted ranges are added. Deleting only the wrong boundaries (a lone
-// start here, a lone end there) while the leftovers deleted the others made the kernel
-// answer ENOENT: it finds interval elements to delete by walking its tree, and deletes of
-// adjacent elements out of the tree's order miss. planLeftovers leaves the elements of
-// wanted blocks alone: they are this function's.
+// order, then the wanted ranges are added. Deleting only the wrong boundaries (the outer
+// start and end here, the inner ones in the leftovers) made the kernel answer ENOENT
+// (6.18): in one transaction it deletes interval elements in the tree's order, each start
+// followed by its own end, and misses them otherwise. planLeftovers leaves the elements
+// of wanted blocks alone: they are this function's.
 func (p *planner) planBlockAgainstKernel(set string, base uint32, eps []model.Endpoint, sc *svcScratch) {
 	var kernel intervalElems
 	if s := p.base.sets[set]; s != nil {
