@@ -89,7 +89,7 @@ type options struct {
 
 	// Seams for tests.
 	supported func() (bool, error)
-	kernel    func() (kernelVersion, error)
+	kernel    func() (hostnet.KernelVersion, error)
 	ipvs      ipvsKernel
 	links     linkKernel
 	sets      ipsetKernel
@@ -147,7 +147,7 @@ func checkInputs(cfg dataplane.Config, settings Settings) (Settings, error) {
 // kube-proxy's): the first Apply reads them and converges them, so traffic keeps flowing
 // across a restart or a switch from kube-proxy's ipvs mode.
 func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...Option) (*Backend, error) {
-	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: runningKernel, nftTables: leftovers.DeleteNFTablesTable}
+	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: hostnet.RunningKernel, nftTables: leftovers.DeleteNFTablesTable}
 	for _, opt := range opts {
 		opt(&o)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -159,24 +160,8 @@ func TestIPSetNamesPerFamily(t *testing.T) {
 	}
 }
 
-func TestParseKernelRelease(t *testing.T) {
-	for release, want := range map[string]kernelVersion{
-		"6.1.0-56-amd64":        {6, 1, 0},
-		"5.10.0":                {5, 10, 0},
-		"4.19.112+":             {4, 19, 112},
-		"6.18.44-fc-v657":       {6, 18, 44},
-		"5.14.0-427.el9.x86_64": {5, 14, 0},
-		"6.9":                   {6, 9, 0},
-	} {
-		got, err := parseKernelRelease(release)
-		if err != nil || got != want {
-			t.Errorf("parseKernelRelease(%q) = %v, %v; want %v", release, got, err, want)
-		}
-	}
-	if _, err := parseKernelRelease("linux"); err == nil {
-		t.Errorf("parseKernelRelease accepted garbage")
-	}
-	if connReuseMode(kernelVersion{5, 8, 18}) != 0 || connReuseMode(kernelVersion{5, 9, 0}) != 1 || connReuseMode(kernelVersion{3, 10, 0}) != -1 {
+func TestConnReuseModeThresholds(t *testing.T) {
+	if connReuseMode(hostnet.KernelVersion{Major: 5, Minor: 8, Patch: 18}) != 0 || connReuseMode(hostnet.KernelVersion{Major: 5, Minor: 9, Patch: 0}) != 1 || connReuseMode(hostnet.KernelVersion{Major: 3, Minor: 10, Patch: 0}) != -1 {
 		t.Errorf("connReuseMode thresholds wrong")
 	}
 }

@@ -113,7 +113,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
 	}
-	kv, err := runningKernel()
+	kv, err := hostnet.RunningKernel()
 	if err != nil {
 		return nil, fmt.Errorf("check kernel version: %w", err)
 	}
@@ -135,7 +135,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		app:             &applier{c: c, f: f, limits: o.limits},
 		fault:           o.fault,
 		needFull:        true,
-		deleteChainsNow: kv.atLeast(6, 2),
+		deleteChainsNow: kv.AtLeast(6, 2),
 		localAddrs:      o.localAddrs,
 		now:             o.now,
 		skipValidation:  o.skipValidation,
@@ -386,7 +386,7 @@ func Cleanup(ctx context.Context, family model.IPFamily) error {
 func deleteTable(c *conn, f *family) error {
 	m, err := c.request(unix.NFT_MSG_GETTABLE, byte(f.nf), func(b *msgBuilder) { b.str(unix.NFTA_TABLE_NAME, kubeProxyTable) })
 	if err != nil {
-		if isNotSupported(err) {
+		if hostnet.IsNotSupported(err) {
 			return nil // no nf_tables, no table
 		}
 		return fmt.Errorf("look up table %s %s: %w", f.name, kubeProxyTable, err)

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
 
 func TestIPTablesCleanupInput(t *testing.T) {
@@ -58,32 +60,16 @@ COMMIT
 	}
 }
 
-func TestParseKernelRelease(t *testing.T) {
-	for _, tc := range []struct {
-		release string
-		want    kernelVersion
-		ok513   bool
-	}{
-		{"6.18.44-fc-v657", kernelVersion{6, 18}, true},
-		{"5.13.0", kernelVersion{5, 13}, true},
-		{"5.4.0-150-generic", kernelVersion{5, 4}, false},
-		{"4.18.0-553.el8_10.x86_64", kernelVersion{4, 18}, false},
-		{"6.2", kernelVersion{6, 2}, true},
-	} {
-		got, err := parseKernelRelease(tc.release)
-		if err != nil || got != tc.want || got.atLeast(5, 13) != tc.ok513 {
-			t.Errorf("%q: %v, %v", tc.release, got, err)
-		}
-	}
-	if _, err := parseKernelRelease("garbage"); err == nil {
-		t.Error("garbage parsed")
+func TestCheckKernelWantsUpstreamsMinimumUnlessOverridden(t *testing.T) {
+	if err := checkKernel(hostnet.KernelVersion{Major: 5, Minor: 13}); err != nil {
+		t.Errorf("5.13: %v", err)
 	}
 	t.Setenv(skipKernelCheckEnv, "")
-	if err := checkKernel(kernelVersion{5, 10}); err == nil || !strings.Contains(err.Error(), skipKernelCheckEnv) {
+	if err := checkKernel(hostnet.KernelVersion{Major: 5, Minor: 10}); err == nil || !strings.Contains(err.Error(), skipKernelCheckEnv) {
 		t.Errorf("5.10: %v", err)
 	}
 	t.Setenv(skipKernelCheckEnv, "1")
-	if err := checkKernel(kernelVersion{5, 10}); err != nil {
+	if err := checkKernel(hostnet.KernelVersion{Major: 5, Minor: 10}); err != nil {
 		t.Errorf("5.10 with the override: %v", err)
 	}
 }
