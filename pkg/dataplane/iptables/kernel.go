@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/hostnet/nlattr"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -146,12 +146,12 @@ func listNFTChains(family model.IPFamily, table string) (map[string]bool, error)
 			return true
 		}
 		var name, tbl string
-		nlAttrs(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
+		nlattr.Walk(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
 			switch typ {
 			case unix.NFTA_CHAIN_TABLE:
-				tbl = strings.TrimRight(string(v), "\x00")
+				tbl = nlattr.String(v)
 			case unix.NFTA_CHAIN_NAME:
-				name = strings.TrimRight(string(v), "\x00")
+				name = nlattr.String(v)
 			}
 		})
 		if tbl == table && name != "" {
@@ -167,23 +167,6 @@ func listNFTChains(family model.IPFamily, table string) (map[string]bool, error)
 		return nil, fmt.Errorf("listing nf_tables chains of %s: %w", table, err)
 	}
 	return out, nil
-}
-
-// nlAttrs iterates netlink attributes.
-func nlAttrs(b []byte, fn func(typ uint16, value []byte)) {
-	for len(b) >= 4 {
-		l := int(binary.NativeEndian.Uint16(b[0:2]))
-		typ := binary.NativeEndian.Uint16(b[2:4]) & 0x3fff
-		if l < 4 || l > len(b) {
-			return
-		}
-		fn(typ, b[4:l])
-		aligned := (l + 3) &^ 3
-		if aligned >= len(b) {
-			return
-		}
-		b = b[aligned:]
-	}
 }
 
 // saveForm returns a jump rule as iptables-save prints it, to find it in a listing without
