@@ -33,11 +33,12 @@ var kubeletHintChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"}
 // Probe reads what each flavour holds, without creating anything. SystemProbe is the
 // kernel's; unit tests answer from a script.
 type Probe interface {
-	// InUse reports whether the flavour has any table in this network namespace.
-	InUse(f Flavour) bool
+	// InUse reports whether t's flavour has any table in t's family in this network
+	// namespace.
+	InUse(t *Tools) bool
 	// Chains lists the chains of filter, nat and mangle, by table (a table the flavour
 	// does not have is missing).
-	Chains(ctx context.Context, f Flavour) (map[string]map[string]bool, error)
+	Chains(ctx context.Context, t *Tools) (map[string]map[string]bool, error)
 }
 
 // Choice is the flavour to use, and why.
@@ -90,10 +91,11 @@ func Choose(ctx context.Context, cmd Commander, probe Probe, family model.IPFami
 func detect(ctx context.Context, cmd Commander, probe Probe, family model.IPFamily, installed Flavour) Choice {
 	held := map[Flavour]map[string]map[string]bool{}
 	for _, f := range Flavours {
-		if !NewTools(cmd, family, f, installed).Available() || !probe.InUse(f) {
+		t := NewTools(cmd, family, f, installed)
+		if !t.Available() || !probe.InUse(t) {
 			continue
 		}
-		chains, err := probe.Chains(ctx, f)
+		chains, err := probe.Chains(ctx, t)
 		if err != nil {
 			continue
 		}
@@ -123,22 +125,18 @@ func detect(ctx context.Context, cmd Commander, probe Probe, family model.IPFami
 	return Choice{Flavour: installed, Installed: installed, Reason: "installed as iptables"}
 }
 
-// SystemProbe is the kernel's Probe for one family.
-type SystemProbe struct {
-	Cmd       Commander
-	Family    model.IPFamily
-	Installed Flavour
-}
+// SystemProbe is the kernel's Probe.
+type SystemProbe struct{}
 
 // iptablesNFTTables are the tables iptables-nft creates in nf_tables.
 var iptablesNFTTables = map[string]bool{"filter": true, "nat": true, "mangle": true, "raw": true, "security": true}
 
 // InUse implements Probe: legacy tables of a namespace are created on first use and
 // listed in /proc; iptables-nft's are asked for over netlink.
-func (p SystemProbe) InUse(f Flavour) bool {
-	if f == Legacy {
+func (SystemProbe) InUse(t *Tools) bool {
+	if t.Flavour == Legacy {
 		name := "/proc/net/ip_tables_names"
-		if p.Family == model.IPv6 {
+		if t.Family == model.IPv6 {
 			name = "/proc/net/ip6_tables_names"
 		}
 		b, err := os.ReadFile(name)
@@ -149,7 +147,7 @@ func (p SystemProbe) InUse(f Flavour) bool {
 		return false
 	}
 	tf := nftables.TableFamilyIPv4
-	if p.Family == model.IPv6 {
+	if t.Family == model.IPv6 {
 		tf = nftables.TableFamilyIPv6
 	}
 	tables, err := c.ListTablesOfFamily(tf)
@@ -167,11 +165,11 @@ func (p SystemProbe) InUse(f Flavour) bool {
 // Chains implements Probe: the nft flavour's chains are listed over netlink (no
 // iptables-nft-save); the legacy flavour's come from one iptables-save of every table it
 // has (naming a table with -t would create it).
-func (p SystemProbe) Chains(ctx context.Context, f Flavour) (map[string]map[string]bool, error) {
+func (SystemProbe) Chains(ctx context.Context, t *Tools) (map[string]map[string]bool, error) {
 	out := map[string]map[string]bool{}
-	if f == NFT {
+	if t.Flavour == NFT {
 		for _, table := range []string{TableFilter, TableNAT, TableMangle} {
-			chains, err := ListNFTChains(p.Family, table)
+			chains, err := ListNFTChains(t.Family, table)
 			if err != nil {
 				return nil, err
 			}
@@ -181,7 +179,7 @@ func (p SystemProbe) Chains(ctx context.Context, f Flavour) (map[string]map[stri
 		}
 		return out, nil
 	}
-	saved, err := NewTools(p.Cmd, p.Family, f, p.Installed).Save(ctx)
+	saved, err := t.Save(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -197,10 +195,10 @@ func (p SystemProbe) Chains(ctx context.Context, f Flavour) (map[string]map[stri
 	return out, nil
 }
 
-// HasChains reports whether the flavour holds a chain owned(table, chain) selects in
+// HasChains reports whether t's flavour holds a chain owned(table, chain) selects in
 // filter, nat or mangle.
-func HasChains(ctx context.Context, probe Probe, f Flavour, owned func(table, chain string) bool) (bool, error) {
-	held, err := probe.Chains(ctx, f)
+func HasChains(ctx context.Context, probe Probe, t *Tools, owned func(table, chain string) bool) (bool, error) {
+	held, err := probe.Chains(ctx, t)
 	if err != nil {
 		return false, err
 	}

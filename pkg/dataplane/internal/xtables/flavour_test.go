@@ -46,9 +46,9 @@ func (c *scriptedCommander) LookPath(name string) (string, error) {
 // not in use.
 type scriptedProbe map[Flavour]map[string]map[string]bool
 
-func (p scriptedProbe) InUse(f Flavour) bool { return p[f] != nil }
-func (p scriptedProbe) Chains(_ context.Context, f Flavour) (map[string]map[string]bool, error) {
-	return p[f], nil
+func (p scriptedProbe) InUse(t *Tools) bool { return p[t.Flavour] != nil }
+func (p scriptedProbe) Chains(_ context.Context, t *Tools) (map[string]map[string]bool, error) {
+	return p[t.Flavour], nil
 }
 
 // chains returns n chains in filter, plus the named ones in mangle.
@@ -121,7 +121,7 @@ func TestChooseFailsWithoutPrograms(t *testing.T) {
 func TestHasChains(t *testing.T) {
 	p := scriptedProbe{NFT: {TableNAT: {"KUBE-SVC-X": true}}, Legacy: chains(3, "KUBE-KUBELET-CANARY")}
 	for f, want := range map[Flavour]bool{NFT: true, Legacy: false} {
-		if got, err := HasChains(context.Background(), p, f, KubeProxyChain); err != nil || got != want {
+		if got, err := HasChains(context.Background(), p, NewTools(nil, model.IPv4, f, NFT), KubeProxyChain); err != nil || got != want {
 			t.Errorf("%s: %v, %v; want %v", f, got, err, want)
 		}
 	}
