@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
@@ -29,9 +30,6 @@ const (
 	// resyncs large clusters periodically; sluice does, rarely, so that drift the canary
 	// cannot see (a rule deleted inside a chain) is still repaired.
 	defaultLargeFullSyncPeriod = 6 * time.Hour
-	// defaultWaitSeconds bounds the wait for the xtables lock. Upstream waits 5 s; a
-	// legacy restore of a large ruleset by someone else can take longer than that.
-	defaultWaitSeconds = 30
 	// defaultNFTMaxChains bounds the chains one iptables-nft-restore creates. iptables-nft
 	// inserts each new chain into a sorted list, and its cost grows with the square of the
 	// chains in one run: 11 000 new chains take 2.6 s in one run, 110 000 do not finish in
@@ -45,7 +43,7 @@ type Backend struct {
 	cfg    dataplane.Config
 	opts   options
 	logger klog.Logger
-	tools  *tools
+	tools  *xtables.Tools
 	editor ruleEditor
 	sysctl hostnet.Sysctls
 
@@ -91,14 +89,13 @@ type options struct {
 	now                 func() time.Time
 
 	// Seams for tests.
-	cmd        commander
-	probe      flavourProbe
+	cmd        xtables.Commander
+	probe      xtables.Probe
 	editor     ruleEditor
 	sysctl     hostnet.Sysctls
 	nfacct     nfacctClient
 	listChains bool // read chains with iptables-save even in the nft flavour
 	faulty     func(types.NamespacedName, []*model.ServicePort) bool
-	installed  Flavour
 }
 
 // WithFlavour forces the iptables flavour instead of detecting it.
@@ -132,13 +129,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // into a warning (hostnet.Tolerant); tests pass a fake.
 func WithSysctls(s hostnet.Sysctls) Option { return func(o *options) { o.sysctl = s } }
 
-func withCommander(c commander, installed Flavour) Option {
-	return func(o *options) { o.cmd, o.installed = c, installed }
-}
-func withEditor(e ruleEditor) Option   { return func(o *options) { o.editor = e } }
-func withNFAcct(n nfacctClient) Option { return func(o *options) { o.nfacct = n } }
-func withProbe(p flavourProbe) Option  { return func(o *options) { o.probe = p } }
-func withSaveListing() Option          { return func(o *options) { o.listChains = true } }
+func withCommander(c xtables.Commander) Option { return func(o *options) { o.cmd = c } }
+func withEditor(e ruleEditor) Option           { return func(o *options) { o.editor = e } }
+func withNFAcct(n nfacctClient) Option         { return func(o *options) { o.nfacct = n } }
+func withProbe(p xtables.Probe) Option         { return func(o *options) { o.probe = p } }
+func withSaveListing() Option                  { return func(o *options) { o.listChains = true } }
 func withFaultyServices(names ...types.NamespacedName) Option {
 	return withFault(func(n types.NamespacedName, _ []*model.ServicePort) bool { return slices.Contains(names, n) })
 }
@@ -160,7 +155,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	o := options{
 		fullSyncPeriod:      defaultFullSyncPeriod,
 		largeFullSyncPeriod: defaultLargeFullSyncPeriod,
-		waitSeconds:         defaultWaitSeconds,
+		waitSeconds:         xtables.DefaultWaitSeconds,
 		localAddrs:          hostnet.InterfaceAddrs,
 		now:                 time.Now,
 	}
@@ -168,10 +163,10 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		opt(&o)
 	}
 	if o.cmd == nil {
-		o.cmd = execCommander{}
+		o.cmd = xtables.Exec{}
 	}
 	if o.probe == nil {
-		o.probe = systemProbe{cmd: o.cmd, family: cfg.Family}
+		o.probe = xtables.SystemProbe{}
 	}
 	if o.sysctl == nil {
 		o.sysctl = hostnet.ProcSys{}
@@ -186,33 +181,16 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{}}
 
 	// Flavour.
-	choice := flavourChoice{flavour: o.flavour, installed: o.installed, reason: "configured"}
-	if o.installed == "" {
-		installed, err := installedFlavour(ctx, o.cmd, cfg.Family)
-		if err != nil {
-			if o.flavour == "" {
-				return nil, err
-			}
-			installed = ""
-		}
-		choice.installed = installed
+	tools, choice, err := xtables.Choose(ctx, o.cmd, o.probe, cfg.Family, o.flavour)
+	if err != nil {
+		return nil, err
 	}
-	if o.flavour == "" {
-		var err error
-		if choice, err = detectFlavour(ctx, o.cmd, o.probe, cfg.Family); err != nil {
-			return nil, err
-		}
-	}
-	ipt, restore, save := toolNames(cfg.Family, choice.flavour, choice.installed)
-	if _, err := o.cmd.LookPath(restore); err != nil {
-		return nil, fmt.Errorf("iptables flavour %s: %s not found: %w", choice.flavour, restore, err)
-	}
-	b.tools = &tools{flavour: choice.flavour, installed: choice.installed, family: cfg.Family, iptables: ipt, restore: restore, save: save,
-		waitSeconds: o.waitSeconds, cmd: o.cmd}
-	logger.Info("Using iptables", "flavour", choice.flavour, "reason", choice.reason, "restore", restore)
+	tools.WaitSeconds = o.waitSeconds
+	b.tools = tools
+	logger.Info("Using iptables", "flavour", choice.Flavour, "reason", choice.Reason, "restore", tools.RestoreProgram)
 
 	b.maxChains = o.maxChains
-	if b.maxChains == 0 && choice.flavour == FlavourNFT {
+	if b.maxChains == 0 && choice.Flavour == FlavourNFT {
 		b.maxChains = defaultNFTMaxChains
 	}
 	if b.maxChains < 0 {
@@ -275,7 +253,7 @@ func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeIPTables }
 func (b *Backend) Family() model.IPFamily { return b.cfg.Family }
 
 // Flavour returns the iptables flavour in use.
-func (b *Backend) Flavour() Flavour { return b.tools.flavour }
+func (b *Backend) Flavour() Flavour { return b.tools.Flavour }
 
 // ApplyStats describes the last Apply, for tests, benchmarks and diagnostics.
 type ApplyStats struct {
@@ -415,7 +393,7 @@ func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) erro
 		v.Info("Running iptables-restore", "input", in.String())
 	}
 	start := time.Now()
-	err := b.tools.runRestore(ctx, in.buf.Bytes())
+	err := b.tools.Restore(ctx, in.buf.Bytes())
 	b.logger.V(4).Info("Ran iptables-restore", "lines", in.lines, "elapsed", time.Since(start), "ok", err == nil)
 	if err == nil {
 		for t, n := range in.rules {
@@ -428,9 +406,9 @@ func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) erro
 	if !full {
 		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(fam).Inc()
 	}
-	var re *restoreError
-	if errors.As(err, &re) && len(re.lines) > 0 {
-		b.logger.V(2).Info("iptables-restore rejected its input", "line", re.lines[0], "text", inputLine(in, re.lines[0]), "output", re.output)
+	var re *xtables.RestoreError
+	if errors.As(err, &re) && len(re.Lines) > 0 {
+		b.logger.V(2).Info("iptables-restore rejected its input", "line", re.Lines[0], "text", inputLine(in, re.Lines[0]), "output", re.Output)
 	}
 	return err
 }
@@ -447,11 +425,11 @@ func inputLine(in *restoreInput, n int) string {
 // blame returns the owner of the first line a restore error points at, and the table
 // whose section it is in ("" when the error names no line).
 func blame(in *restoreInput, err error) (lineOwner, string, bool) {
-	var re *restoreError
-	if !errors.As(err, &re) || len(re.lines) == 0 {
+	var re *xtables.RestoreError
+	if !errors.As(err, &re) || len(re.Lines) == 0 {
 		return lineOwner{}, "", false
 	}
-	return in.ownerOf(re.lines[0]), in.tableOf(re.lines[0]), true
+	return in.ownerOf(re.Lines[0]), in.tableOf(re.Lines[0]), true
 }
 
 // isolation bounds the failed restores one sync accepts while finding the Services to
@@ -488,12 +466,12 @@ func (i *isolation) blamed() { i.left += i.perCulprit }
 // chains: then the shared state is wrong (a chain missing, someone else's change), not a
 // Service, and blaming Services one by one would only take them all down.
 func structural(err error) bool {
-	var re *restoreError
+	var re *xtables.RestoreError
 	if !errors.As(err, &re) {
 		return false
 	}
 	for _, c := range append(append([]string{chainMarkMasq, chainCanary, chainKubeletFirewall}, natTopChains...), filterTopChains...) {
-		if strings.Contains(re.output, "`"+c+"'") || strings.Contains(re.output, "'"+c+"'") {
+		if strings.Contains(re.Output, "`"+c+"'") || strings.Contains(re.Output, "'"+c+"'") {
 			return true
 		}
 	}
@@ -591,8 +569,8 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 			b.commitUnits(us, true, true)
 			continue
 		}
-		var re *restoreError
-		if !errors.As(rerr, &re) || len(re.lines) == 0 {
+		var re *xtables.RestoreError
+		if !errors.As(rerr, &re) || len(re.Lines) == 0 {
 			// Not about the input (the xtables lock, a missing program): nobody's fault.
 			return false, rerr
 		}
@@ -795,7 +773,7 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 
 	existing := map[string]bool{}
 	for c := range kv.chains[tableNAT] {
-		if isServiceChain(c) {
+		if xtables.IsServiceChain(c) {
 			existing[c] = true
 		}
 	}
@@ -882,8 +860,8 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 			}
 			break
 		}
-		var re *restoreError
-		if !errors.As(rerr, &re) || len(re.lines) == 0 || structural(rerr) {
+		var re *xtables.RestoreError
+		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
 			return rerr
 		}
 		if err := iso.spend(); err != nil {
@@ -960,8 +938,8 @@ func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map
 			}
 			continue
 		}
-		var re *restoreError
-		if !errors.As(rerr, &re) || len(re.lines) == 0 || structural(rerr) {
+		var re *xtables.RestoreError
+		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
 			return rerr
 		}
 		if err := iso.spend(); err != nil {
@@ -1050,32 +1028,31 @@ func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
 	} else if removed {
 		b.logger.Info("Removed the ipvs mode's virtual servers and device", "device", leftovers.IPVSDevice)
 	}
-	other := FlavourLegacy
-	if b.tools.flavour == FlavourLegacy {
-		other = FlavourNFT
-	}
-	ipt, restore, save := toolNames(b.cfg.Family, other, b.tools.installed)
-	if _, err := b.tools.cmd.LookPath(restore); err == nil && b.opts.probe.inUse(other) && b.opts.probe.hasOwnedChains(ctx, other) {
-		t := &tools{flavour: other, installed: b.tools.installed, family: b.cfg.Family, iptables: ipt, restore: restore, save: save,
-			waitSeconds: b.tools.waitSeconds, cmd: b.tools.cmd}
-		if n, err := removeChains(ctx, t, ownedByIPTablesMode, 5000); err != nil {
-			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour", "flavour", other)
-		} else if n > 0 {
-			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "flavour", other, "chains", n)
+	other := xtables.NewTools(b.tools.Cmd, b.cfg.Family, b.tools.Flavour.Other(), b.tools.Installed)
+	if other.Available() && b.opts.probe.InUse(other) {
+		if has, err := xtables.HasChains(ctx, b.opts.probe, other, xtables.KubeProxyChain); err == nil && has {
+			if n, err := xtables.RemoveChains(ctx, other, xtables.KubeProxyChain, xtables.RemoveChainsPerRestore); err != nil {
+				b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour", "flavour", other.Flavour)
+			} else if n > 0 {
+				b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "flavour", other.Flavour, "chains", n)
+			}
 		}
+	}
+	ipvsOnly := func(table, chain string) bool {
+		return xtables.IPVSModeChain(table, chain) && !xtables.IPTablesModeChain(table, chain)
 	}
 	ipvsChains := false
 	if kv != nil {
-		for table, chains := range ipvsOnlyChains {
-			for _, c := range chains {
-				ipvsChains = ipvsChains || kv.chains[table][c]
+		for table, chains := range kv.chains {
+			for c := range chains {
+				ipvsChains = ipvsChains || ipvsOnly(table, c)
 			}
 		}
 	}
 	if !ipvsChains {
 		return
 	}
-	if n, err := removeChains(ctx, b.tools, ownedByIPVSModeOnly, 0); err != nil {
+	if n, err := xtables.RemoveChains(ctx, b.tools, ipvsOnly, 0); err != nil {
 		b.logger.Error(err, "Could not remove the ipvs mode's chains")
 	} else if n > 0 {
 		b.logger.Info("Removed the ipvs mode's chains", "chains", n)

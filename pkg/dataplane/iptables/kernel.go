@@ -1,18 +1,15 @@
 package iptables
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	goiptables "github.com/coreos/go-iptables/iptables"
-	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
 
-	"github.com/sluiceproxy/sluice/pkg/hostnet/nlattr"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -27,14 +24,14 @@ type ruleEditor interface {
 }
 
 // newGoIPTables returns go-iptables bound to the flavour's iptables program.
-func newGoIPTables(t *tools) (ruleEditor, error) {
+func newGoIPTables(t *xtables.Tools) (ruleEditor, error) {
 	proto := goiptables.ProtocolIPv4
-	if t.family == model.IPv6 {
+	if t.Family == model.IPv6 {
 		proto = goiptables.ProtocolIPv6
 	}
-	ipt, err := goiptables.New(goiptables.IPFamily(proto), goiptables.Path(t.iptables), goiptables.Timeout(t.waitSeconds))
+	ipt, err := goiptables.New(goiptables.IPFamily(proto), goiptables.Path(t.IPTables), goiptables.Timeout(t.WaitSeconds))
 	if err != nil {
-		return nil, fmt.Errorf("go-iptables for %s: %w", t.iptables, err)
+		return nil, fmt.Errorf("go-iptables for %s: %w", t.IPTables, err)
 	}
 	return ipt, nil
 }
@@ -64,9 +61,9 @@ type kernelView struct {
 // built-in chains with `iptables -S`.
 func (b *Backend) readKernel(ctx context.Context) (*kernelView, error) {
 	kv := &kernelView{chains: map[string]map[string]bool{}, builtin: map[string][]string{}}
-	if b.tools.flavour == FlavourNFT && !b.opts.listChains {
+	if b.tools.Flavour == FlavourNFT && !b.opts.listChains {
 		for _, table := range []string{tableNAT, tableFilter} {
-			chains, err := listNFTChains(b.cfg.Family, table)
+			chains, err := xtables.ListNFTChains(b.cfg.Family, table)
 			if err != nil {
 				return nil, err
 			}
@@ -81,92 +78,30 @@ func (b *Backend) readKernel(ctx context.Context) (*kernelView, error) {
 		}
 		return kv, nil
 	}
+	kv.rules = map[string]map[string]int{}
 	for _, table := range []string{tableNAT, tableFilter} {
-		out, err := b.tools.runSave(ctx, table)
+		out, err := b.tools.Save(ctx, table)
 		if err != nil {
 			return nil, err
 		}
-		chains, rules := parseSave(out)
-		kv.chains[table] = chains
-		if kv.rules == nil {
-			kv.rules = map[string]map[string]int{}
+		saved, err := xtables.ParseSave(out)
+		if err != nil {
+			return nil, err
 		}
+		st := saved[table]
+		kv.chains[table] = st.ChainSet()
 		kv.rules[table] = map[string]int{}
-		for _, r := range rules {
-			if f := strings.Fields(r); len(f) > 1 {
-				kv.rules[table][f[1]]++
-			}
+		if st == nil {
+			continue
 		}
-		for _, r := range rules {
-			for _, bc := range builtinChains[table] {
-				if strings.HasPrefix(r, "-A "+bc+" ") {
-					kv.builtin[table] = append(kv.builtin[table], r)
-				}
+		for _, r := range st.Rules {
+			kv.rules[table][r.Chain]++
+			if slices.Contains(builtinChains[table], r.Chain) {
+				kv.builtin[table] = append(kv.builtin[table], r.Line)
 			}
 		}
 	}
 	return kv, nil
-}
-
-// parseSave returns the chains and rule lines of one table's iptables-save output.
-func parseSave(out []byte) (chains map[string]bool, rules []string) {
-	chains = map[string]bool{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		l := sc.Text()
-		switch {
-		case strings.HasPrefix(l, ":"):
-			if i := strings.IndexByte(l, ' '); i > 1 {
-				chains[l[1:i]] = true
-			}
-		case strings.HasPrefix(l, "-A "):
-			rules = append(rules, l)
-		}
-	}
-	return chains, rules
-}
-
-// listNFTChains lists the chains of an iptables-nft table over netlink: one dump of the
-// table's chains, reading only their names. (google/nftables' ListChains decodes every
-// chain of every table in full: 6.5 s for 110 000 chains; this takes a fraction of that.)
-func listNFTChains(family model.IPFamily, table string) (map[string]bool, error) {
-	fam := uint8(unix.NFPROTO_IPV4)
-	if family == model.IPv6 {
-		fam = unix.NFPROTO_IPV6
-	}
-	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETCHAIN, unix.NLM_F_DUMP)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: fam, Version: nl.NFNETLINK_V0})
-	// The kernel filters the dump by table; older kernels ignore the attribute, and the
-	// table of each chain is checked here anyway.
-	req.AddData(nl.NewRtAttr(unix.NFTA_CHAIN_TABLE, nl.ZeroTerminated(table)))
-	out := map[string]bool{}
-	err := req.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
-		if len(msg) < nl.SizeofNfgenmsg {
-			return true
-		}
-		var name, tbl string
-		nlattr.Walk(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
-			switch typ {
-			case unix.NFTA_CHAIN_TABLE:
-				tbl = nlattr.String(v)
-			case unix.NFTA_CHAIN_NAME:
-				name = nlattr.String(v)
-			}
-		})
-		if tbl == table && name != "" {
-			out[name] = true
-		}
-		return true
-	})
-	if errors.Is(err, unix.ENOENT) {
-		// No such table: no chains.
-		return out, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("listing nf_tables chains of %s: %w", table, err)
-	}
-	return out, nil
 }
 
 // saveForm returns a jump rule as iptables-save prints it, to find it in a listing without

@@ -223,3 +223,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	slices.Sort(out)
 	return out
 }
+
+// RemoveChainsPerRestore bounds the chains one restore of RemoveChains deletes when a
+// whole ruleset goes (a cleanup, leftovers of another mode): iptables-nft's cost per
+// restore grows with the square of the chains it touches.
+const RemoveChainsPerRestore = 5000
