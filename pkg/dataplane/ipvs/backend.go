@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -45,11 +46,12 @@ type Backend struct {
 	logger   klog.Logger
 	now      func() time.Time
 
-	ipvs    ipvsKernel
-	links   linkKernel
-	sets    ipsetKernel
-	ipt     iptablesRunner
-	other   iptablesRunner // the other iptables flavour, when installed (leftover removal)
+	ipvs  ipvsKernel
+	links linkKernel
+	sets  ipsetKernel
+	ipt   xtables.Runner
+	// tools are ipt's programs (nil when a test gives ipt), for leftover removal.
+	tools   *xtables.Tools
 	flavour Flavour
 	opts    options
 
@@ -93,7 +95,7 @@ type options struct {
 	ipvs      ipvsKernel
 	links     linkKernel
 	sets      ipsetKernel
-	ipt       iptablesRunner
+	ipt       xtables.Runner
 	sysctl    hostnet.Sysctls
 	nftTables func(model.IPFamily) (bool, error)
 	// fault picks operations to write in a form the kernel rejects (rejectedByKernel):
@@ -207,23 +209,12 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 	if o.ipt != nil {
 		b.ipt, b.flavour = o.ipt, o.flavour
 	} else {
-		use, runners, reason, err := iptablesFlavours(ctx, cfg.Family)
+		tools, choice, err := xtables.Choose(ctx, xtables.Exec{}, xtables.SystemProbe{}, cfg.Family, o.flavour)
 		if err != nil {
 			return nil, fmt.Errorf("ipvs backend needs iptables for its masquerade and filter rules: %w", err)
 		}
-		if o.flavour != "" {
-			if runners[o.flavour] == nil {
-				return nil, fmt.Errorf("iptables flavour %s is not installed", o.flavour)
-			}
-			use, reason = o.flavour, "configured"
-		}
-		b.ipt, b.flavour = runners[use], use
-		for f, r := range runners {
-			if f != use {
-				b.other = r
-			}
-		}
-		logger.Info("Using iptables for the rules around IPVS", "flavour", use, "reason", reason)
+		b.ipt, b.tools, b.flavour = tools, tools, choice.Flavour
+		logger.Info("Using iptables for the rules around IPVS", "flavour", choice.Flavour, "reason", choice.Reason)
 	}
 	logger.V(2).Info("Using IPVS", "kernel", kv.String(), "scheduler", settings.Scheduler, "connReuseMode", connReuseMode(kv), "excludeCIDRs", settings.ExcludeCIDRs)
 	return b, nil
@@ -573,8 +564,12 @@ func (b *Backend) removeLeftovers(ctx context.Context) {
 	} else if removed {
 		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
 	}
-	if b.other != nil {
-		if n, err := removeKubeProxyChains(ctx, b.other); err != nil {
+	if b.tools == nil {
+		return
+	}
+	other := xtables.NewTools(b.tools.Cmd, b.cfg.Family, b.flavour.Other(), b.tools.Installed)
+	if other.Available() && (xtables.SystemProbe{}).InUse(other) {
+		if n, err := xtables.RemoveChains(ctx, other, xtables.KubeProxyChain, xtables.RemoveChainsPerRestore); err != nil {
 			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour")
 		} else if n > 0 {
 			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "chains", n)

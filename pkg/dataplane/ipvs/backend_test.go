@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -784,7 +785,7 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	deps := cleanupDeps{
 		supported: func() (bool, error) { return true, nil },
 		openIPVS:  func() (ipvsKernel, func(), error) { return fakeIPVS{k}, func() {}, nil },
-		links:     fakeLinks{k}, sets: fakeIPSets{k}, runners: []iptablesRunner{fakeIPTables{k: k}},
+		links:     fakeLinks{k}, sets: fakeIPSets{k}, runners: []xtables.Runner{fakeIPTables{k: k}},
 	}
 	if err := cleanup(context.Background(), model.IPv4, deps); err != nil {
 		t.Fatal(err)
@@ -824,7 +825,7 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 			return false, nil
 		},
 		openIPVS: func() (ipvsKernel, func(), error) { return fakeIPVS{k2}, func() {}, nil },
-		links:    fakeLinks{k2}, sets: fakeIPSets{k2}, runners: []iptablesRunner{fakeIPTables{k: k2}},
+		links:    fakeLinks{k2}, sets: fakeIPSets{k2}, runners: []xtables.Runner{fakeIPTables{k: k2}},
 	}
 	if err := cleanup(context.Background(), model.IPv4, deps2); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -94,7 +95,7 @@ func TestRulesFollowTheLocalDetectorAndMasqueradeAll(t *testing.T) {
 }
 
 func TestPlanFixesKeepsOwnJumpsAndRemovesTheRest(t *testing.T) {
-	saved := parseSave([]byte(`*nat
+	saved, err := xtables.ParseSave([]byte(`*nat
 :PREROUTING ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
 :KUBE-SERVICES - [0:0]
@@ -113,6 +114,9 @@ COMMIT
 -A INPUT -j KUBE-FIREWALL
 COMMIT
 `))
+	if err != nil {
+		t.Fatal(err)
+	}
 	fixes := planFixes(saved)
 	if diff := cmp.Diff([]string{"KUBE-SVC-ABC"}, fixes[tableNAT].removeChains); diff != "" {
 		t.Errorf("nat chains removed (-want +got):\n%s", diff)
@@ -137,14 +141,22 @@ COMMIT
 	}
 }
 
-func TestSplitArgsUndoesSaveQuoting(t *testing.T) {
-	got := splitArgs(`-A KUBE-X -m comment --comment "a \"quoted\" comment" -s 10.0.0.0/8  -j RETURN`)
+func TestRuleLinesRoundTripThroughSaveQuoting(t *testing.T) {
 	want := []string{"-A", "KUBE-X", "-m", "comment", "--comment", `a "quoted" comment`, "-s", "10.0.0.0/8", "-j", "RETURN"}
-	if !slices.Equal(got, want) {
-		t.Errorf("splitArgs = %q, want %q", got, want)
-	}
-	if l := line("KUBE-X", want[2:]); !slices.Equal(splitArgs(l), want) {
+	if l := line("KUBE-X", want[2:]); !slices.Equal(xtables.SplitArgs(l), want) {
 		t.Errorf("line does not round-trip: %s", l)
+	}
+}
+
+// The chains this backend writes are the ipvs mode's by xtables' ownership rule, which
+// leftover removal and Cleanup go by.
+func TestOwnChainsAreTheIPVSModes(t *testing.T) {
+	for table, chains := range ownChains {
+		for _, c := range chains {
+			if !xtables.IPVSModeChain(table, c) {
+				t.Errorf("%s %s is not the ipvs mode's", table, c)
+			}
+		}
 	}
 }
 
