@@ -61,10 +61,9 @@ type Backend struct {
 	lastFull time.Time
 	// synced is set after the first successful full sync (read by Monitor).
 	synced atomic.Bool
-	// leftoversDone is set once other modes' and flavours' leftovers have been removed.
-	leftoversDone bool
-	// lastKernel is what the last full sync read.
-	lastKernel *kernelView
+	// leftoversPending is set until the first successful full sync has removed the other
+	// modes' leftovers.
+	leftoversPending bool
 	// splitLogged is set once the reason for splitting restores has been logged.
 	splitLogged bool
 
@@ -111,8 +110,8 @@ func WithFullSyncPeriod(small, large time.Duration) Option {
 // nft flavour splits large syncs; 0 keeps the flavour's default, -1 never splits).
 func WithMaxChainsPerRestore(n int) Option { return func(o *options) { o.maxChains = n } }
 
-// WithoutLeftoverCleanup skips removing other modes' and flavours' leftovers (nftables
-// table, IPVS, kube-proxy rules in the other iptables flavour) after the first sync.
+// WithoutLeftoverCleanup skips removing other modes' leftovers (leftovers.RemoveOtherModes)
+// after the first sync.
 func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
 
 // WithLocalAddresses replaces the lookup of this node's addresses (the NodePort
@@ -178,7 +177,8 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		return nil, fmt.Errorf("iptables backend: unknown IP family %v", cfg.Family)
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family)
-	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{}}
+	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{},
+		leftoversPending: !o.skipLeftovers}
 
 	// Flavour.
 	tools, choice, err := xtables.Choose(ctx, o.cmd, o.probe, cfg.Family, o.flavour)
@@ -346,9 +346,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if res.Err == nil && !b.synced.Load() && res.Full {
 		b.synced.Store(true)
 	}
-	if res.Err == nil && res.Full && !b.leftoversDone {
-		b.leftoversDone = true
-		b.removeLeftoverRules(ctx, b.lastKernel)
+	if res.Err == nil && res.Full && b.leftoversPending {
+		b.leftoversPending = false
+		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPTables, b.cfg.Family, b.tools)
 	}
 
 	b.stats.Full, b.stats.Reason, b.stats.Failed = res.Full, reason, len(res.Failed)
@@ -714,7 +714,6 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 	if err != nil {
 		return err
 	}
-	b.lastKernel = kv
 	if drift != nil {
 		b.driftOf(kv, static, drift)
 	}
@@ -1006,62 +1005,6 @@ func chunkStrings(s []string, n int) [][]string {
 		s = s[n:]
 	}
 	return append(out, s)
-}
-
-// removeLeftoverRules runs once, after the first successful full sync, when sluice's rules
-// are in place (removing them before would leave the node without any for a while): it
-// removes upstream's nftables table, the ipvs mode's IPVS services, kube-ipvs0 device,
-// chains and ipsets, and kube-proxy rules in the other iptables flavour. Until then both
-// sets of rules are active, which is harmless: nat PREROUTING and OUTPUT DNAT a packet
-// once, and IPVS only sees packets that are still addressed to the node after that.
-func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
-	if b.opts.skipLeftovers {
-		return
-	}
-	if removed, err := leftovers.DeleteNFTablesTable(b.cfg.Family); err != nil {
-		b.logger.Error(err, "Could not remove the nftables mode's table")
-	} else if removed {
-		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
-	}
-	if removed, err := leftovers.RemoveIPVSServersAndDevice(); err != nil {
-		b.logger.Error(err, "Could not remove all leftovers of the ipvs mode")
-	} else if removed {
-		b.logger.Info("Removed the ipvs mode's virtual servers and device", "device", leftovers.IPVSDevice)
-	}
-	other := xtables.NewTools(b.tools.Cmd, b.cfg.Family, b.tools.Flavour.Other(), b.tools.Installed)
-	if other.Available() && b.opts.probe.InUse(other) {
-		if has, err := xtables.HasChains(ctx, b.opts.probe, other, xtables.KubeProxyChain); err == nil && has {
-			if n, err := xtables.RemoveChains(ctx, other, xtables.KubeProxyChain, xtables.RemoveChainsPerRestore); err != nil {
-				b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour", "flavour", other.Flavour)
-			} else if n > 0 {
-				b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "flavour", other.Flavour, "chains", n)
-			}
-		}
-	}
-	ipvsOnly := func(table, chain string) bool {
-		return xtables.IPVSModeChain(table, chain) && !xtables.IPTablesModeChain(table, chain)
-	}
-	ipvsChains := false
-	if kv != nil {
-		for table, chains := range kv.chains {
-			for c := range chains {
-				ipvsChains = ipvsChains || ipvsOnly(table, c)
-			}
-		}
-	}
-	if !ipvsChains {
-		return
-	}
-	if n, err := xtables.RemoveChains(ctx, b.tools, ipvsOnly, 0); err != nil {
-		b.logger.Error(err, "Could not remove the ipvs mode's chains")
-	} else if n > 0 {
-		b.logger.Info("Removed the ipvs mode's chains", "chains", n)
-	}
-	if n, err := leftovers.DestroyIPVSIPSets(b.cfg.Family); err != nil {
-		b.logger.Error(err, "Could not remove the ipvs mode's ipsets")
-	} else if n > 0 {
-		b.logger.Info("Removed the ipvs mode's ipsets", "ipsets", n)
-	}
 }
 
 // recordRuleMetrics sets the rule-count gauges from what the kernel holds.

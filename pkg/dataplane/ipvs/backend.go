@@ -71,10 +71,12 @@ type Backend struct {
 	drift *dataplane.Drift
 	// idxTrusted is set after a sync that did not fail as a whole: idx's records are then
 	// what the kernel holds for each Service (the last good versions).
-	idxTrusted    bool
-	needFull      bool
-	lastFull      time.Time
-	leftoversDone bool
+	idxTrusted bool
+	needFull   bool
+	lastFull   time.Time
+	// leftoversPending is set until the first successful full sync has removed the other
+	// modes' leftovers.
+	leftoversPending bool
 
 	stats ApplyStats
 }
@@ -97,14 +99,13 @@ type options struct {
 	sets      ipsetKernel
 	ipt       xtables.Runner
 	sysctl    hostnet.Sysctls
-	nftTables func(model.IPFamily) (bool, error)
 	// fault picks operations to write in a form the kernel rejects (rejectedByKernel):
 	// tests of a rejected update against the real kernel.
 	fault func(op) bool
 }
 
-// WithoutLeftoverCleanup keeps other modes' leftovers (the nftables mode's table, the
-// iptables mode's chains in the other iptables flavour).
+// WithoutLeftoverCleanup keeps other modes' leftovers (leftovers.RemoveOtherModes) after
+// the first sync.
 func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
 
 // WithFlavour forces the iptables flavour instead of detecting it.
@@ -149,7 +150,7 @@ func checkInputs(cfg dataplane.Config, settings Settings) (Settings, error) {
 // kube-proxy's): the first Apply reads them and converges them, so traffic keeps flowing
 // across a restart or a switch from kube-proxy's ipvs mode.
 func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...Option) (*Backend, error) {
-	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: hostnet.RunningKernel, nftTables: leftovers.DeleteNFTablesTable}
+	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: hostnet.RunningKernel}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -170,6 +171,8 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 		idx:      newDesiredIndex(),
 		draining: map[vsKey]types.NamespacedName{},
 		needFull: true,
+
+		leftoversPending: !o.skipLeftovers,
 	}
 
 	b.ipvs, b.links, b.sets = o.ipvs, o.links, o.sets
@@ -408,9 +411,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	} else if full {
 		b.needFull = false
 		b.lastFull = start
-		if !b.leftoversDone {
-			b.removeLeftovers(ctx)
-			b.leftoversDone = true
+		if b.leftoversPending {
+			b.leftoversPending = false
+			leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPVS, b.cfg.Family, b.tools)
 		}
 	}
 	b.stats.Draining = len(b.draining)
@@ -549,32 +552,6 @@ func (r *serviceRecord) vssOrNil() []desiredVS {
 		return nil
 	}
 	return r.vss
-}
-
-// removeLeftovers removes, once, after the first successful full sync (so sluice's rules
-// already serve every Service), what other modes left: the nftables mode's table and
-// kube-proxy's chains in the iptables flavour not in use. The iptables mode's chains in the
-// flavour in use went in that first sync's restore.
-func (b *Backend) removeLeftovers(ctx context.Context) {
-	if b.opts.skipLeftovers {
-		return
-	}
-	if removed, err := b.opts.nftTables(b.cfg.Family); err != nil {
-		b.logger.Error(err, "Could not remove the nftables mode's table")
-	} else if removed {
-		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
-	}
-	if b.tools == nil {
-		return
-	}
-	other := xtables.NewTools(b.tools.Cmd, b.cfg.Family, b.flavour.Other(), b.tools.Installed)
-	if other.Available() && (xtables.SystemProbe{}).InUse(other) {
-		if n, err := xtables.RemoveChains(ctx, other, xtables.KubeProxyChain, xtables.RemoveChainsPerRestore); err != nil {
-			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour")
-		} else if n > 0 {
-			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "chains", n)
-		}
-	}
 }
 
 // describeFailures joins errors of one Service into one.

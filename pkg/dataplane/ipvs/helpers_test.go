@@ -59,7 +59,7 @@ func withFake(k *fakeKernel) Option {
 		o.kernel = func() (hostnet.KernelVersion, error) { return hostnet.KernelVersion{Major: 6, Minor: 1, Patch: 0}, nil }
 		o.ipvs, o.links, o.sets, o.ipt, o.sysctl = fakeIPVS{k}, fakeLinks{k}, fakeIPSets{k}, fakeIPTables{k: k}, fakeSysctl{k}
 		o.flavour = FlavourNFT
-		o.nftTables = func(model.IPFamily) (bool, error) { return false, nil }
+		o.skipLeftovers = true
 	}
 }
 
