@@ -1,0 +1,729 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	goiptables "github.com/coreos/go-iptables/iptables"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
+	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+// ruleEditor is the small imperative part: chains and single rules in built-in chains,
+// which iptables-restore cannot add conditionally. *goiptables.IPTables implements it.
+type ruleEditor interface {
+	ChainExists(table, chain string) (bool, error)
+	NewChain(table, chain string) error
+	Exists(table, chain string, rulespec ...string) (bool, error)
+	Insert(table, chain string, pos int, rulespec ...string) error
+	List(table, chain string) ([]string, error)
+}
+
+// newGoIPTables returns go-iptables bound to the flavour's iptables program.
+func newGoIPTables(t *xtables.Tools) (ruleEditor, error) {
+	proto := goiptables.ProtocolIPv4
+	if t.Family == model.IPv6 {
+		proto = goiptables.ProtocolIPv6
+	}
+	ipt, err := goiptables.New(goiptables.IPFamily(proto), goiptables.Path(t.IPTables), goiptables.Timeout(t.WaitSeconds))
+	if err != nil {
+		return nil, fmt.Errorf("go-iptables for %s: %w", t.IPTables, err)
+	}
+	return ipt, nil
+}
+
+// saveForm returns a jump rule as iptables-save prints it, to find it in a listing without
+// running `iptables -C` for each (on a large legacy table each run copies the whole table).
+func (j jumpRule) saveForm() string {
+	parts := []string{"-A", j.from}
+	for _, a := range j.spec() {
+		if strings.ContainsAny(a, " \t") {
+			a = `"` + a + `"`
+		}
+		parts = append(parts, a)
+	}
+	return strings.Join(parts, " ")
+}
+
+// ensureJumps creates the chains jump rules point at and inserts missing jump rules at the
+// top of their built-in chains, as upstream does on every full sync. A rule present
+// anywhere in the chain is left where it is.
+func (b *Backend) ensureJumps(kv *kernelView) (inserted []string, err error) {
+	var errs []error
+	for _, j := range append(append([]jumpRule(nil), jumpRules...), kubeletJumpRules...) {
+		if !kv.chains[j.table][j.to] {
+			if err := b.editor.NewChain(j.table, j.to); err != nil && !isExistsError(err) {
+				errs = append(errs, fmt.Errorf("creating chain %s in %s: %w", j.to, j.table, err))
+				continue
+			}
+			if kv.chains[j.table] == nil {
+				kv.chains[j.table] = map[string]bool{}
+			}
+			kv.chains[j.table][j.to] = true
+		}
+		found := false
+		want := j.saveForm()
+		for _, r := range kv.builtin[j.table] {
+			if r == want {
+				found = true
+				break
+			}
+		}
+		if !found {
+			// The listing may print the rule differently; ask iptables before adding a
+			// duplicate.
+			ok, err := b.editor.Exists(j.table, j.from, j.spec()...)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("checking jump %s -> %s in %s: %w", j.from, j.to, j.table, err))
+				continue
+			}
+			found = ok
+		}
+		if found {
+			continue
+		}
+		if err := b.editor.Insert(j.table, j.from, 1, j.spec()...); err != nil {
+			errs = append(errs, fmt.Errorf("inserting jump %s -> %s in %s: %w", j.from, j.to, j.table, err))
+			continue
+		}
+		b.logger.V(2).Info("Inserted jump rule", "table", j.table, "chain", j.from, "target", j.to)
+		inserted = append(inserted, j.table+" "+j.from+" -> "+j.to)
+	}
+	return inserted, errors.Join(errs...)
+}
+
+// isExistsError reports whether an iptables error says the chain already exists.
+func isExistsError(err error) bool {
+	var e *goiptables.Error
+	if errors.As(err, &e) && e.ExitStatus() == 1 {
+		return true
+	}
+	return strings.Contains(err.Error(), "already exists") || strings.Contains(err.Error(), "File exists")
+}
+
+// restore runs one restore and accounts for it.
+func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) error {
+	b.stats.Restores++
+	b.stats.Lines += in.lines
+	if v := b.logger.V(9); v.Enabled() {
+		v.Info("Running iptables-restore", "input", in.String())
+	}
+	start := time.Now()
+	err := b.tools.Restore(ctx, in.buf.Bytes())
+	b.logger.V(4).Info("Ran iptables-restore", "lines", in.lines, "elapsed", time.Since(start), "ok", err == nil)
+	if err == nil {
+		for t, n := range in.rules {
+			b.stats.Rules[t] += n
+		}
+		return nil
+	}
+	fam := b.cfg.Family.String()
+	metrics.IPTablesRestoreFailuresTotal.WithLabelValues(fam).Inc()
+	if !full {
+		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(fam).Inc()
+	}
+	var re *xtables.RestoreError
+	if errors.As(err, &re) && len(re.Lines) > 0 {
+		b.logger.V(2).Info("iptables-restore rejected its input", "line", re.Lines[0], "text", inputLine(in, re.Lines[0]), "output", re.Output)
+	}
+	return err
+}
+
+// inputLine returns line n of in, for logs.
+func inputLine(in *restoreInput, n int) string {
+	lines := strings.SplitN(in.buf.String(), "\n", n+1)
+	if n < 1 || n > len(lines) {
+		return ""
+	}
+	return lines[n-1]
+}
+
+// blame returns the owner of the first line a restore error points at, and the table
+// whose section it is in ("" when the error names no line).
+func blame(in *restoreInput, err error) (lineOwner, string, bool) {
+	var re *xtables.RestoreError
+	if !errors.As(err, &re) || len(re.Lines) == 0 {
+		return lineOwner{}, "", false
+	}
+	return in.ownerOf(re.Lines[0]), in.tableOf(re.Lines[0]), true
+}
+
+// isolation bounds the failed restores one sync accepts while finding the Services to
+// blame (restores that succeed are progress and cost nothing): a few
+// bisection rounds, plus a few more for each Service found guilty (each culprit needs its
+// own restores to be found). Every step makes progress, so this only guards against
+// spending minutes of a legacy lock on a failure that is not the Services' fault.
+type isolation struct{ left, perCulprit int }
+
+func newIsolation(n int) *isolation {
+	log := 0
+	for ; n > 0; n >>= 1 {
+		log++
+	}
+	return &isolation{left: 12 + 2*log, perCulprit: log + 2}
+}
+
+var errIsolationExhausted = errors.New("giving up isolating failing Services after too many iptables-restore runs")
+
+func (i *isolation) spend() error {
+	if i.left <= 0 {
+		return errIsolationExhausted
+	}
+	i.left--
+	return nil
+}
+
+func (i *isolation) blamed() { i.left += i.perCulprit }
+
+// An error that names no line (the xtables lock held too long, a program missing) is not
+// about the input, and never starts a search for a Service to blame.
+//
+// structural reports whether iptables-restore complained about one of sluice's shared
+// chains: then the shared state is wrong (a chain missing, someone else's change), not a
+// Service, and blaming Services one by one would only take them all down.
+func structural(err error) bool {
+	var re *xtables.RestoreError
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, c := range append(append([]string{chainMarkMasq, chainCanary, chainKubeletFirewall}, natTopChains...), filterTopChains...) {
+		if strings.Contains(re.Output, "`"+c+"'") || strings.Contains(re.Output, "'"+c+"'") {
+			return true
+		}
+	}
+	return false
+}
+
+// syncPartial applies the changed Services as independent units. drift reports that the
+// kernel does not hold what sluice believes, which needs a full sync.
+func (b *Backend) syncPartial(ctx context.Context, desired *model.NodeState, changes model.Changes, rc *renderConfig, failed map[types.NamespacedName]error) (drift bool, err error) {
+	names := changes.Services.UnsortedList()
+	slices.SortFunc(names, compareNames)
+	var units []unit
+	for _, name := range names {
+		u := unit{name: name, old: b.applied[name]}
+		if ports := desired.PortsOf(name); len(ports) > 0 {
+			u.new = renderService(rc, name, ports)
+		}
+		if u.old == nil && u.new == nil {
+			continue
+		}
+		units = append(units, u)
+	}
+	return b.applyUnits(ctx, units, failed)
+}
+
+func compareNames(a, b types.NamespacedName) int {
+	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Name, b.Name)
+}
+
+// applyUnits commits units in batches (the nft flavour bounds the chains per restore),
+// isolating the Services whose rules are rejected.
+func (b *Backend) applyUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error) (drift bool, err error) {
+	iso := newIsolation(len(units))
+	for _, batch := range b.batchUnits(units) {
+		drift, err = b.isolateUnits(ctx, batch, failed, iso)
+		if drift || err != nil {
+			return drift, err
+		}
+	}
+	return false, nil
+}
+
+func (b *Backend) batchUnits(units []unit) [][]unit {
+	if b.maxChains <= 0 {
+		return [][]unit{units}
+	}
+	var out [][]unit
+	var cur []unit
+	chains := 0
+	for _, u := range units {
+		n := 0
+		if u.new != nil {
+			n += len(u.new.natChains)
+		}
+		if u.old != nil {
+			n += len(u.old.natChains)
+		}
+		if len(cur) > 0 && chains+n > b.maxChains {
+			out = append(out, cur)
+			cur, chains = nil, 0
+		}
+		cur = append(cur, u)
+		chains += n
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// isolateUnits commits units; when iptables-restore rejects them it finds the Service to
+// blame, from the line it names or, when it names none (a legacy table refused at COMMIT),
+// by committing halves. Every restore that succeeds is kept: units are independent, so
+// nothing committed ever waits for the failing Service.
+func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolation) (drift bool, err error) {
+	queue := [][]unit{units}
+	for len(queue) > 0 {
+		us := queue[0]
+		queue = queue[1:]
+		if len(us) == 0 {
+			continue
+		}
+		in := renderUnits(us)
+		if in.empty() {
+			b.commitUnits(us, true, true)
+			continue
+		}
+		rerr := b.restore(ctx, in, false)
+		if rerr == nil {
+			b.commitUnits(us, true, true)
+			continue
+		}
+		var re *xtables.RestoreError
+		if !errors.As(rerr, &re) || len(re.Lines) == 0 {
+			// Not about the input (the xtables lock, a missing program): nobody's fault.
+			return false, rerr
+		}
+		if err := iso.spend(); err != nil {
+			return false, err
+		}
+		if structural(rerr) {
+			return true, nil
+		}
+		owner, table, named := blame(in, rerr)
+		// What the kernel held before this restore, for the Services it concerned.
+		before := make(map[types.NamespacedName]*appliedService, len(us))
+		for _, u := range us {
+			before[u.name] = u.old
+		}
+		natCommitted := table == tableFilter
+		if natCommitted {
+			// nat was committed before filter failed.
+			b.commitUnits(us, true, false)
+			for i := range us {
+				us[i].old = b.applied[us[i].name]
+			}
+		}
+		var blamed *unit
+		switch {
+		case named && (owner.kind == lineDelete || owner.kind == lineStale):
+			return true, nil
+		case named && owner.kind == lineService:
+			rest := make([]unit, 0, len(us))
+			for i := range us {
+				if us[i].name == owner.service {
+					blamed = &us[i]
+					continue
+				}
+				rest = append(rest, us[i])
+			}
+			queue = append([][]unit{rest}, queue...)
+		case len(us) == 1:
+			blamed = &us[0]
+		default:
+			// A global line or no line at all: split.
+			half := len(us) / 2
+			queue = append([][]unit{us[:half], us[half:]}, queue...)
+		}
+		if blamed == nil {
+			continue
+		}
+		if !blamed.restoring {
+			failed[blamed.name] = rerr
+			iso.blamed()
+		}
+		next, ok := b.lastGoodUnit(*blamed, before[blamed.name], natCommitted)
+		if !ok {
+			// Not even its removal was taken: only a full sync can tell what the kernel holds.
+			return true, nil
+		}
+		if next != nil {
+			queue = append(queue, []unit{*next})
+		}
+	}
+	return false, nil
+}
+
+// lastGoodUnit decides what follows the kernel's refusal of u, a Service's change from
+// prev: the Service must keep its last good version (dataplane.Backend's failure rule).
+// Nothing follows when nothing of u was committed: the kernel still holds prev. When nat
+// was committed and filter refused, the unit returned writes prev's version back (or
+// removes the Service if it is new). When that is refused too, the unit returned removes
+// the Service, so that no half of two versions stays; ok is false when even that was
+// refused.
+func (b *Backend) lastGoodUnit(u unit, prev *appliedService, natCommitted bool) (next *unit, ok bool) {
+	switch {
+	case !u.restoring && !natCommitted:
+		return nil, true
+	case !u.restoring:
+		back := &unit{name: u.name, old: b.applied[u.name], restoring: true}
+		if prev != nil && len(prev.ports) > 0 {
+			back.new = renderService(b.rc, u.name, prev.ports)
+		}
+		b.logger.Info("Writing back the last good rules of a Service whose update was half taken", "service", klog.KRef(u.name.Namespace, u.name.Name))
+		return back, true
+	case u.new != nil:
+		b.logger.Info("Its last good rules were refused too; removing the Service's rules", "service", klog.KRef(u.name.Namespace, u.name.Name))
+		return &unit{name: u.name, old: b.applied[u.name], restoring: true}, true
+	}
+	return nil, false
+}
+
+// commitUnits records that the kernel now holds the units' new state, for the tables that
+// were committed.
+func (b *Backend) commitUnits(us []unit, nat, filter bool) {
+	for _, u := range us {
+		if u.new == nil {
+			if nat && filter {
+				b.setApplied(u.name, nil)
+				continue
+			}
+			a := &appliedService{}
+			if old := b.applied[u.name]; old != nil && !filter {
+				a.filterTop = old.filterTop
+			}
+			b.setApplied(u.name, a)
+			continue
+		}
+		a := appliedFrom(u.new)
+		if !filter {
+			// nat holds the new version, filter the old one: the last good version is
+			// still the old one.
+			a.ports = nil
+			if old := b.applied[u.name]; old != nil {
+				a.filterTop, a.ports = old.filterTop, old.ports
+			}
+		}
+		b.setApplied(u.name, a)
+	}
+}
+
+// setApplied records what the kernel now holds for one Service (nil: nothing), keeping
+// the rule totals up to date: a partial sync must cost what its Services cost, not a
+// walk over every Service.
+func (b *Backend) setApplied(name types.NamespacedName, a *appliedService) {
+	if old := b.applied[name]; old != nil {
+		b.appliedNAT -= old.natRules
+		b.appliedFilter -= len(old.filterTop)
+	}
+	if a == nil {
+		delete(b.applied, name)
+		return
+	}
+	b.applied[name] = a
+	b.appliedNAT += a.natRules
+	b.appliedFilter += len(a.filterTop)
+}
+
+// syncFull rewrites everything: jumps from built-in chains are checked, every chain is
+// flushed and refilled, and chains nobody uses are deleted.
+func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error, drift *dataplane.Drift) error {
+	kv, err := b.readKernel(ctx)
+	if err != nil {
+		return err
+	}
+	if drift != nil {
+		b.driftOf(kv, static, drift)
+	}
+	inserted, err := b.ensureJumps(kv)
+	if drift != nil {
+		for _, j := range inserted {
+			drift.Add("rule", "jump "+j+" missing")
+		}
+	}
+	if err != nil {
+		return err
+	}
+
+	names := desired.ServiceNames().UnsortedList()
+	slices.SortFunc(names, compareNames)
+	rendered := make(map[types.NamespacedName]*serviceRules, len(names))
+	chains := 0
+	for _, name := range names {
+		s := renderService(rc, name, desired.PortsOf(name))
+		rendered[name] = s
+		chains += len(s.natChains)
+	}
+	iso := newIsolation(len(names))
+
+	// A large sync in the nft flavour first writes the Services' chains in batches; the
+	// final restore then only rewrites the shared chains to point at them.
+	split := b.maxChains > 0 && chains > b.maxChains
+	if split && !b.splitLogged {
+		b.splitLogged = true
+		b.logger.Info("Writing the ruleset in several iptables-nft restores: one restore would take minutes, as its cost grows with the square of the chains it creates (upstream kube-proxy never finishes such a ruleset); sluice's nftables mode avoids iptables-nft altogether",
+			"chains", chains, "chainsPerRestore", b.maxChains)
+	}
+	prestaged := map[types.NamespacedName]bool{}
+	extraChains := map[string]bool{}
+	if split {
+		// The Services' chains jump to KUBE-MARK-MASQ before the final restore fills it;
+		// create it empty if it does not exist (never flush it: it may be in use).
+		if !kv.chains[tableNAT][chainMarkMasq] {
+			if err := b.editor.NewChain(tableNAT, chainMarkMasq); err != nil && !isExistsError(err) {
+				return fmt.Errorf("creating chain %s: %w", chainMarkMasq, err)
+			}
+		}
+		var list []*serviceRules
+		for _, name := range names {
+			list = append(list, rendered[name])
+		}
+		if err := b.prestage(ctx, list, failed, prestaged, iso); err != nil {
+			return err
+		}
+		for name := range prestaged {
+			for _, c := range rendered[name].natChains {
+				extraChains[c.name] = true
+			}
+		}
+	}
+
+	existing := map[string]bool{}
+	for c := range kv.chains[tableNAT] {
+		if xtables.IsServiceChain(c) {
+			existing[c] = true
+		}
+	}
+	for c := range extraChains {
+		existing[c] = true
+	}
+
+	cands := make([]types.NamespacedName, 0, len(names))
+	for _, name := range names {
+		if failed[name] == nil {
+			cands = append(cands, name)
+		}
+	}
+	var held []types.NamespacedName
+	undeletable := map[string]bool{}
+	// kept are the held Services and those the kernel refused: left as the kernel has
+	// them (their last good version), when that is known. A refused Service whose chains
+	// a first restore already rewrote (prestaged) cannot be kept as it was: it is removed.
+	kept := func() []types.NamespacedName {
+		if !b.known {
+			return nil
+		}
+		out := slices.Clone(held)
+		for name := range failed {
+			if b.applied[name] != nil && !prestaged[name] && !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+		return out
+	}
+	for {
+		p := &fullPlan{static: static, prestaged: prestaged, undeletable: undeletable, canary: true}
+		active := map[string]bool{}
+		for _, name := range cands {
+			s := rendered[name]
+			p.write = append(p.write, s)
+			for _, c := range s.natChains {
+				active[c.name] = true
+			}
+		}
+		keep := kept()
+		slices.SortFunc(keep, compareNames)
+		for _, name := range keep {
+			if a := b.applied[name]; a != nil {
+				p.keep = append(p.keep, a)
+				for _, c := range a.chainNames() {
+					active[c] = true
+				}
+			}
+		}
+		for c := range existing {
+			if !active[c] {
+				p.stale = append(p.stale, c)
+			}
+		}
+		slices.Sort(p.stale)
+		staleLater := split && len(p.stale) > 0
+		var stale []string
+		if staleLater {
+			stale, p.stale = p.stale, nil
+		}
+		in := renderFull(p)
+		rerr := b.restore(ctx, in, true)
+		if rerr == nil {
+			applied := map[types.NamespacedName]*appliedService{}
+			for _, s := range p.write {
+				applied[s.name] = appliedFrom(s)
+			}
+			for _, name := range keep {
+				if a := b.applied[name]; a != nil {
+					applied[name] = a
+				}
+			}
+			b.applied, b.known, b.static, b.lastFull = applied, true, static.fingerprint(), b.opts.now()
+			b.appliedNAT, b.appliedFilter = 0, 0
+			for _, a := range applied {
+				b.appliedNAT += a.natRules
+				b.appliedFilter += len(a.filterTop)
+			}
+			if staleLater {
+				if err := b.deleteStale(ctx, stale, undeletable); err != nil {
+					return err
+				}
+			}
+			break
+		}
+		var re *xtables.RestoreError
+		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
+			return rerr
+		}
+		if err := iso.spend(); err != nil {
+			return err
+		}
+		owner, _, named := blame(in, rerr)
+		switch {
+		case named && owner.kind == lineStale:
+			if undeletable[owner.chain] {
+				return rerr
+			}
+			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+			undeletable[owner.chain] = true
+		case named && owner.kind == lineService:
+			failed[owner.service] = rerr
+			iso.blamed()
+			cands = slices.DeleteFunc(cands, func(n types.NamespacedName) bool { return n == owner.service })
+		case len(cands) == 1:
+			failed[cands[0]] = rerr
+			iso.blamed()
+			cands = nil
+		case len(cands) == 0:
+			return rerr
+		default:
+			// Nothing to blame: hold half the Services back (as the kernel has them,
+			// when that is known) and try again with the rest.
+			half := len(cands) / 2
+			held = append(append([]types.NamespacedName(nil), cands[half:]...), held...)
+			cands = cands[:half]
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	// The Services held back go in now, one partial sync on top of the committed state.
+	var units []unit
+	for _, name := range held {
+		units = append(units, unit{name: name, old: b.applied[name], new: rendered[name]})
+	}
+	changedBehind, err := b.applyUnits(ctx, units, failed)
+	if changedBehind {
+		return fmt.Errorf("iptables rules changed during a full sync")
+	}
+	return err
+}
+
+// prestage writes Services' chains in batches of at most maxChains chains.
+func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolation) error {
+	var batches [][]*serviceRules
+	var cur []*serviceRules
+	n := 0
+	for _, s := range list {
+		if len(cur) > 0 && n+len(s.natChains) > b.maxChains {
+			batches = append(batches, cur)
+			cur, n = nil, 0
+		}
+		cur = append(cur, s)
+		n += len(s.natChains)
+	}
+	if len(cur) > 0 {
+		batches = append(batches, cur)
+	}
+	for len(batches) > 0 {
+		batch := batches[0]
+		batches = batches[1:]
+		if len(batch) == 0 {
+			continue
+		}
+		in := renderChainsOnly(batch)
+		rerr := b.restore(ctx, in, true)
+		if rerr == nil {
+			for _, s := range batch {
+				done[s.name] = true
+			}
+			continue
+		}
+		var re *xtables.RestoreError
+		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
+			return rerr
+		}
+		if err := iso.spend(); err != nil {
+			return err
+		}
+		owner, _, named := blame(in, rerr)
+		switch {
+		case named && owner.kind == lineService:
+			failed[owner.service] = rerr
+			iso.blamed()
+			batches = append([][]*serviceRules{slices.DeleteFunc(batch, func(s *serviceRules) bool { return s.name == owner.service })}, batches...)
+		case len(batch) == 1:
+			failed[batch[0].name] = rerr
+			iso.blamed()
+		default:
+			half := len(batch) / 2
+			batches = append([][]*serviceRules{batch[:half], batch[half:]}, batches...)
+		}
+	}
+	return nil
+}
+
+// deleteStale flushes, then deletes, unused chains in bounded batches.
+func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable map[string]bool) error {
+	for _, batch := range chunkStrings(stale, b.maxChains) {
+		if err := b.restore(ctx, renderStaleFlush(batch), true); err != nil {
+			return fmt.Errorf("flushing unused chains: %w", err)
+		}
+	}
+	var todo []string
+	for _, c := range stale {
+		if !undeletable[c] {
+			todo = append(todo, c)
+		}
+	}
+	for _, batch := range chunkStrings(todo, b.maxChains) {
+		for len(batch) > 0 {
+			in := renderStaleDelete(batch)
+			rerr := b.restore(ctx, in, true)
+			if rerr == nil {
+				break
+			}
+			owner, _, named := blame(in, rerr)
+			if !named || owner.kind != lineStale {
+				return fmt.Errorf("deleting unused chains: %w", rerr)
+			}
+			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+			batch = slices.DeleteFunc(batch, func(c string) bool { return c == owner.chain })
+		}
+	}
+	return nil
+}
+
+func chunkStrings(s []string, n int) [][]string {
+	if n <= 0 || len(s) <= n {
+		if len(s) == 0 {
+			return nil
+		}
+		return [][]string{s}
+	}
+	var out [][]string
+	for len(s) > n {
+		out = append(out, s[:n])
+		s = s[n:]
+	}
+	return append(out, s)
+}
