@@ -429,11 +429,56 @@ func (b *Backend) setApplied(name types.NamespacedName, a *appliedService) {
 }
 
 // syncFull rewrites everything: jumps from built-in chains are checked, every chain is
-// flushed and refilled, and chains nobody uses are deleted.
+// flushed and refilled, and chains nobody uses are deleted. Its phases: read the kernel
+// and repair the jumps; render every Service; in the nft flavour, write large rulesets'
+// Service chains ahead in batches; restore the whole ruleset, leaving out the Services
+// the kernel refuses; then add the Services held back while finding them.
 func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error, drift *dataplane.Drift) error {
-	kv, err := b.readKernel(ctx)
+	kv, err := b.readAndRepairJumps(ctx, static, drift)
 	if err != nil {
 		return err
+	}
+	fs := b.renderFullSync(desired, rc, static, failed)
+	if fs.split {
+		if err := b.prestageServices(ctx, kv, fs); err != nil {
+			return err
+		}
+	}
+	fs.existing = existingServiceChains(kv, fs)
+	if err := b.restoreFullIsolating(ctx, fs); err != nil {
+		return err
+	}
+	return b.applyHeld(ctx, fs)
+}
+
+// fullSync is the working state of one full sync.
+type fullSync struct {
+	static *staticRules
+	// failed collects the Services the kernel refused (the caller's map).
+	failed map[types.NamespacedName]error
+	// names are every desired Service, sorted; rendered their rules.
+	names    []types.NamespacedName
+	rendered map[types.NamespacedName]*serviceRules
+	// split: the Services' chains are written ahead in batches (prestaged) and stale
+	// chains deleted after the final restore.
+	split     bool
+	prestaged map[types.NamespacedName]bool
+	// existing are the per-Service nat chains in the kernel, and those prestaged.
+	existing map[string]bool
+	// cands are the Services the next restore writes; held those held back while a
+	// failure is isolated (kept as the kernel has them, and applied afterwards).
+	cands, held []types.NamespacedName
+	// undeletable are stale chains the kernel refused to delete.
+	undeletable map[string]bool
+	iso         *isolation
+}
+
+// readAndRepairJumps reads the kernel before a full sync, notes drift, and inserts the
+// jumps from built-in chains that are missing.
+func (b *Backend) readAndRepairJumps(ctx context.Context, static *staticRules, drift *dataplane.Drift) (*kernelView, error) {
+	kv, err := b.readKernel(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if drift != nil {
 		b.driftOf(kv, static, drift)
@@ -445,183 +490,220 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 		}
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return kv, nil
+}
 
+// renderFullSync renders every desired Service and decides whether the ruleset is
+// written in several restores.
+func (b *Backend) renderFullSync(desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error) *fullSync {
 	names := desired.ServiceNames().UnsortedList()
 	slices.SortFunc(names, compareNames)
-	rendered := make(map[types.NamespacedName]*serviceRules, len(names))
+	fs := &fullSync{
+		static:      static,
+		failed:      failed,
+		names:       names,
+		rendered:    make(map[types.NamespacedName]*serviceRules, len(names)),
+		prestaged:   map[types.NamespacedName]bool{},
+		undeletable: map[string]bool{},
+		iso:         newIsolation(len(names)),
+	}
 	chains := 0
 	for _, name := range names {
 		s := renderService(rc, name, desired.PortsOf(name))
-		rendered[name] = s
+		fs.rendered[name] = s
 		chains += len(s.natChains)
 	}
-	iso := newIsolation(len(names))
-
 	// A large sync in the nft flavour first writes the Services' chains in batches; the
 	// final restore then only rewrites the shared chains to point at them.
-	split := b.maxChains > 0 && chains > b.maxChains
-	if split && !b.splitLogged {
+	fs.split = b.maxChains > 0 && chains > b.maxChains
+	if fs.split && !b.splitLogged {
 		b.splitLogged = true
 		b.logger.Info("Writing the ruleset in several iptables-nft restores: one restore would take minutes, as its cost grows with the square of the chains it creates (upstream kube-proxy never finishes such a ruleset); sluice's nftables mode avoids iptables-nft altogether",
 			"chains", chains, "chainsPerRestore", b.maxChains)
 	}
-	prestaged := map[types.NamespacedName]bool{}
-	extraChains := map[string]bool{}
-	if split {
-		// The Services' chains jump to KUBE-MARK-MASQ before the final restore fills it;
-		// create it empty if it does not exist (never flush it: it may be in use).
-		if !kv.chains[tableNAT][chainMarkMasq] {
-			if err := b.editor.NewChain(tableNAT, chainMarkMasq); err != nil && !isExistsError(err) {
-				return fmt.Errorf("creating chain %s: %w", chainMarkMasq, err)
-			}
-		}
-		var list []*serviceRules
-		for _, name := range names {
-			list = append(list, rendered[name])
-		}
-		if err := b.prestage(ctx, list, failed, prestaged, iso); err != nil {
-			return err
-		}
-		for name := range prestaged {
-			for _, c := range rendered[name].natChains {
-				extraChains[c.name] = true
-			}
+	return fs
+}
+
+// prestageServices writes the Services' chains ahead of the final restore, in batches.
+func (b *Backend) prestageServices(ctx context.Context, kv *kernelView, fs *fullSync) error {
+	// The Services' chains jump to KUBE-MARK-MASQ before the final restore fills it;
+	// create it empty if it does not exist (never flush it: it may be in use).
+	if !kv.chains[tableNAT][chainMarkMasq] {
+		if err := b.editor.NewChain(tableNAT, chainMarkMasq); err != nil && !isExistsError(err) {
+			return fmt.Errorf("creating chain %s: %w", chainMarkMasq, err)
 		}
 	}
+	list := make([]*serviceRules, 0, len(fs.names))
+	for _, name := range fs.names {
+		list = append(list, fs.rendered[name])
+	}
+	return b.prestage(ctx, list, fs.failed, fs.prestaged, fs.iso)
+}
 
+// existingServiceChains lists the per-Service nat chains the kernel holds, including
+// those prestaged in this sync.
+func existingServiceChains(kv *kernelView, fs *fullSync) map[string]bool {
 	existing := map[string]bool{}
 	for c := range kv.chains[tableNAT] {
 		if xtables.IsServiceChain(c) {
 			existing[c] = true
 		}
 	}
-	for c := range extraChains {
-		existing[c] = true
+	for name := range fs.prestaged {
+		for _, c := range fs.rendered[name].natChains {
+			existing[c.name] = true
+		}
 	}
+	return existing
+}
 
-	cands := make([]types.NamespacedName, 0, len(names))
-	for _, name := range names {
-		if failed[name] == nil {
-			cands = append(cands, name)
+// restoreFullIsolating runs the full restore until the kernel takes it, leaving out
+// the Services it refuses (or holding half of them back when it names none).
+func (b *Backend) restoreFullIsolating(ctx context.Context, fs *fullSync) error {
+	fs.cands = make([]types.NamespacedName, 0, len(fs.names))
+	for _, name := range fs.names {
+		if fs.failed[name] == nil {
+			fs.cands = append(fs.cands, name)
 		}
-	}
-	var held []types.NamespacedName
-	undeletable := map[string]bool{}
-	// kept are the held Services and those the kernel refused: left as the kernel has
-	// them (their last good version), when that is known. A refused Service whose chains
-	// a first restore already rewrote (prestaged) cannot be kept as it was: it is removed.
-	kept := func() []types.NamespacedName {
-		if !b.known {
-			return nil
-		}
-		out := slices.Clone(held)
-		for name := range failed {
-			if b.applied[name] != nil && !prestaged[name] && !slices.Contains(out, name) {
-				out = append(out, name)
-			}
-		}
-		return out
 	}
 	for {
-		p := &fullPlan{static: static, prestaged: prestaged, undeletable: undeletable, canary: true}
-		active := map[string]bool{}
-		for _, name := range cands {
-			s := rendered[name]
-			p.write = append(p.write, s)
-			for _, c := range s.natChains {
-				active[c.name] = true
-			}
-		}
-		keep := kept()
-		slices.SortFunc(keep, compareNames)
-		for _, name := range keep {
-			if a := b.applied[name]; a != nil {
-				p.keep = append(p.keep, a)
-				for _, c := range a.chainNames() {
-					active[c] = true
-				}
-			}
-		}
-		for c := range existing {
-			if !active[c] {
-				p.stale = append(p.stale, c)
-			}
-		}
-		slices.Sort(p.stale)
-		staleLater := split && len(p.stale) > 0
-		var stale []string
-		if staleLater {
-			stale, p.stale = p.stale, nil
-		}
+		p, keep, staleLater := b.planFullRestore(fs)
 		in := renderFull(p)
 		rerr := b.restore(ctx, in, true)
 		if rerr == nil {
-			applied := map[types.NamespacedName]*appliedService{}
-			for _, s := range p.write {
-				applied[s.name] = appliedFrom(s)
+			b.commitFull(p, keep)
+			if len(staleLater) > 0 {
+				return b.deleteStale(ctx, staleLater, fs.undeletable)
 			}
-			for _, name := range keep {
-				if a := b.applied[name]; a != nil {
-					applied[name] = a
-				}
-			}
-			b.applied, b.known, b.static, b.lastFull = applied, true, static.fingerprint(), b.opts.now()
-			b.appliedNAT, b.appliedFilter = 0, 0
-			for _, a := range applied {
-				b.appliedNAT += a.natRules
-				b.appliedFilter += len(a.filterTop)
-			}
-			if staleLater {
-				if err := b.deleteStale(ctx, stale, undeletable); err != nil {
-					return err
-				}
-			}
-			break
+			return nil
 		}
-		var re *xtables.RestoreError
-		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
-			return rerr
-		}
-		if err := iso.spend(); err != nil {
+		if err := b.blameFull(fs, in, rerr); err != nil {
 			return err
 		}
-		owner, _, named := blame(in, rerr)
-		switch {
-		case named && owner.kind == lineStale:
-			if undeletable[owner.chain] {
-				return rerr
-			}
-			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
-			undeletable[owner.chain] = true
-		case named && owner.kind == lineService:
-			failed[owner.service] = rerr
-			iso.blamed()
-			cands = slices.DeleteFunc(cands, func(n types.NamespacedName) bool { return n == owner.service })
-		case len(cands) == 1:
-			failed[cands[0]] = rerr
-			iso.blamed()
-			cands = nil
-		case len(cands) == 0:
-			return rerr
-		default:
-			// Nothing to blame: hold half the Services back (as the kernel has them,
-			// when that is known) and try again with the rest.
-			half := len(cands) / 2
-			held = append(append([]types.NamespacedName(nil), cands[half:]...), held...)
-			cands = cands[:half]
-		}
 	}
-	if len(held) == 0 {
+}
+
+// keptServices are the held Services and those the kernel refused: left as the kernel
+// has them (their last good version), when that is known. A refused Service whose chains
+// a first restore already rewrote (prestaged) cannot be kept as it was: it is removed.
+func (b *Backend) keptServices(fs *fullSync) []types.NamespacedName {
+	if !b.known {
 		return nil
 	}
-	// The Services held back go in now, one partial sync on top of the committed state.
-	var units []unit
-	for _, name := range held {
-		units = append(units, unit{name: name, old: b.applied[name], new: rendered[name]})
+	out := slices.Clone(fs.held)
+	for name := range fs.failed {
+		if b.applied[name] != nil && !fs.prestaged[name] && !slices.Contains(out, name) {
+			out = append(out, name)
+		}
 	}
-	changedBehind, err := b.applyUnits(ctx, units, failed)
+	slices.SortFunc(out, compareNames)
+	return out
+}
+
+// planFullRestore builds the next full restore: the candidates written, the kept
+// Services left as they are, every other per-Service chain stale. In a split sync the
+// stale chains are returned to be deleted after the restore instead.
+func (b *Backend) planFullRestore(fs *fullSync) (p *fullPlan, keep []types.NamespacedName, staleLater []string) {
+	p = &fullPlan{static: fs.static, prestaged: fs.prestaged, undeletable: fs.undeletable, canary: true}
+	active := map[string]bool{}
+	for _, name := range fs.cands {
+		s := fs.rendered[name]
+		p.write = append(p.write, s)
+		for _, c := range s.natChains {
+			active[c.name] = true
+		}
+	}
+	keep = b.keptServices(fs)
+	for _, name := range keep {
+		if a := b.applied[name]; a != nil {
+			p.keep = append(p.keep, a)
+			for _, c := range a.chainNames() {
+				active[c] = true
+			}
+		}
+	}
+	for c := range fs.existing {
+		if !active[c] {
+			p.stale = append(p.stale, c)
+		}
+	}
+	slices.Sort(p.stale)
+	if fs.split {
+		staleLater, p.stale = p.stale, nil
+	}
+	return p, keep, staleLater
+}
+
+// commitFull records what the kernel holds after a full restore was taken.
+func (b *Backend) commitFull(p *fullPlan, keep []types.NamespacedName) {
+	applied := map[types.NamespacedName]*appliedService{}
+	for _, s := range p.write {
+		applied[s.name] = appliedFrom(s)
+	}
+	for _, name := range keep {
+		if a := b.applied[name]; a != nil {
+			applied[name] = a
+		}
+	}
+	b.applied, b.known, b.static, b.lastFull = applied, true, p.static.fingerprint(), b.opts.now()
+	b.appliedNAT, b.appliedFilter = 0, 0
+	for _, a := range applied {
+		b.appliedNAT += a.natRules
+		b.appliedFilter += len(a.filterTop)
+	}
+}
+
+// blameFull decides what the next full restore leaves out after the kernel refused in;
+// an error ends the sync.
+func (b *Backend) blameFull(fs *fullSync, in *restoreInput, rerr error) error {
+	var re *xtables.RestoreError
+	if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
+		return rerr
+	}
+	if err := fs.iso.spend(); err != nil {
+		return err
+	}
+	owner, _, named := blame(in, rerr)
+	switch {
+	case named && owner.kind == lineStale:
+		if fs.undeletable[owner.chain] {
+			return rerr
+		}
+		b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+		fs.undeletable[owner.chain] = true
+	case named && owner.kind == lineService:
+		fs.failed[owner.service] = rerr
+		fs.iso.blamed()
+		fs.cands = slices.DeleteFunc(fs.cands, func(n types.NamespacedName) bool { return n == owner.service })
+	case len(fs.cands) == 1:
+		fs.failed[fs.cands[0]] = rerr
+		fs.iso.blamed()
+		fs.cands = nil
+	case len(fs.cands) == 0:
+		return rerr
+	default:
+		// Nothing to blame: hold half the Services back (as the kernel has them,
+		// when that is known) and try again with the rest.
+		half := len(fs.cands) / 2
+		fs.held = append(append([]types.NamespacedName(nil), fs.cands[half:]...), fs.held...)
+		fs.cands = fs.cands[:half]
+	}
+	return nil
+}
+
+// applyHeld adds the Services held back during the full restore: one partial sync on
+// top of the committed state.
+func (b *Backend) applyHeld(ctx context.Context, fs *fullSync) error {
+	if len(fs.held) == 0 {
+		return nil
+	}
+	units := make([]unit, 0, len(fs.held))
+	for _, name := range fs.held {
+		units = append(units, unit{name: name, old: b.applied[name], new: fs.rendered[name]})
+	}
+	changedBehind, err := b.applyUnits(ctx, units, fs.failed)
 	if changedBehind {
 		return fmt.Errorf("iptables rules changed during a full sync")
 	}
