@@ -589,7 +589,7 @@ func (b *Backend) restoreFullIsolating(ctx context.Context, fs *fullSync) error 
 // has them (their last good version), when that is known. A refused Service whose chains
 // a first restore already rewrote (prestaged) cannot be kept as it was: it is removed.
 func (b *Backend) keptServices(fs *fullSync) []types.NamespacedName {
-	if !b.known {
+	if b.sync.NeedFull {
 		return nil
 	}
 	out := slices.Clone(fs.held)
@@ -647,7 +647,8 @@ func (b *Backend) commitFull(p *fullPlan, keep []types.NamespacedName) {
 			applied[name] = a
 		}
 	}
-	b.applied, b.known, b.static, b.lastFull = applied, true, p.static.fingerprint(), b.opts.now()
+	b.applied, b.static = applied, p.static.fingerprint()
+	b.sync.FullSynced(b.opts.now())
 	b.appliedNAT, b.appliedFilter = 0, 0
 	for _, a := range applied {
 		b.appliedNAT += a.natRules

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fullsync"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
@@ -49,19 +50,17 @@ type Backend struct {
 	nfacct     bool
 	maxChains  int
 
-	// applied mirrors, per Service, what the kernel holds; valid only while known.
+	// sync decides whether the next sync is full (and removes leftovers once).
+	sync fullsync.State
+	// applied mirrors, per Service, what the kernel holds; valid only while
+	// !sync.NeedFull.
 	applied map[types.NamespacedName]*appliedService
 	// appliedNAT and appliedFilter total the rules of applied (see setApplied).
 	appliedNAT, appliedFilter int
-	known                     bool
 	// static is the fingerprint of the static rules in the kernel.
-	static   string
-	lastFull time.Time
+	static string
 	// synced is set after the first successful full sync (read by Monitor).
 	synced atomic.Bool
-	// leftoversPending is set until the first successful full sync has removed the other
-	// modes' leftovers.
-	leftoversPending bool
 	// splitLogged is set once the reason for splitting restores has been logged.
 	splitLogged bool
 
@@ -176,7 +175,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family)
 	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{},
-		leftoversPending: !o.skipLeftovers}
+		sync: fullsync.New(!o.skipLeftovers)}
 
 	// Flavour.
 	tools, choice, err := xtables.Choose(ctx, o.cmd, o.probe, cfg.Family, o.flavour)
@@ -285,7 +284,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	// What a full sync finds different from what the backend wrote is drift, when it
 	// knows what it wrote (not before its first sync, not after one failed as a whole).
 	var drift *dataplane.Drift
-	if b.known && !b.lastFull.IsZero() {
+	if b.sync.Trusted() {
 		drift = &dataplane.Drift{}
 	}
 	var err error
@@ -299,7 +298,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		if changedBehind && err == nil {
 			reason = "kernel rules differ from what sluice wrote"
 			b.logger.Info("Rules changed behind sluice's back, doing a full sync")
-			b.known = false
+			b.sync.Failed()
 			err = b.syncFull(ctx, desired, rc, static, res.Failed, drift)
 			if drift != nil && drift.Count("rule") == 0 {
 				drift.Add("rule", "written by sluice was gone (a partial sync could not delete it)")
@@ -313,7 +312,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	res.Err = err
 	if err != nil {
 		// The kernel may hold anything now: rewrite everything next time.
-		b.known = false
+		b.sync.Failed()
 		if len(res.Failed) > 0 {
 			err = fmt.Errorf("%w (and %d Services failed on their own)", err, len(res.Failed))
 			res.Err = err
@@ -328,8 +327,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if res.Err == nil && !b.synced.Load() && res.Full {
 		b.synced.Store(true)
 	}
-	if res.Err == nil && res.Full && b.leftoversPending {
-		b.leftoversPending = false
+	if res.Err == nil && res.Full && b.sync.LeftoversDue() {
 		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPTables, b.cfg.Family, b.tools)
 	}
 
@@ -339,24 +337,18 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	return res
 }
 
-// fullReason returns why this sync must be full, or "".
+// fullReason returns why this sync must be full, or "": fullsync's reasons (with the
+// large-cluster period), then the node-wide rules changed or the canary chain gone.
 func (b *Backend) fullReason(changes model.Changes, static *staticRules, endpoints int) string {
-	switch {
-	case !b.known && b.lastFull.IsZero():
-		return "first sync"
-	case !b.known:
-		return "previous sync failed"
-	case changes.Full:
-		return "requested"
-	case static.fingerprint() != b.static:
-		return "node-wide rules changed"
-	}
 	period := b.opts.fullSyncPeriod
 	if endpoints > largeClusterEndpoints {
 		period = b.opts.largeFullSyncPeriod
 	}
-	if period > 0 && b.opts.now().Sub(b.lastFull) >= period {
-		return "periodic"
+	if reason := b.sync.Reason(changes.Full, b.opts.now(), period); reason != "" {
+		return reason
+	}
+	if static.fingerprint() != b.static {
+		return "node-wide rules changed"
 	}
 	if ok, err := b.canaryPresent(); err != nil {
 		b.logger.Error(err, "Could not check the iptables canary")
@@ -373,7 +365,7 @@ func (b *Backend) recordRuleMetrics(static *staticRules) {
 	for _, table := range []string{tableFilter, tableNAT} {
 		metrics.IPTablesRulesLastSync.WithLabelValues(table, fam).Set(float64(b.stats.Rules[table]))
 	}
-	if !b.known {
+	if b.sync.NeedFull {
 		return
 	}
 	nat := static.ruleCount(tableNAT) + b.appliedNAT

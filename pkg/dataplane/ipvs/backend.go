@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fullsync"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
@@ -69,14 +70,10 @@ type Backend struct {
 	// drift collects, during a full sync that trusts the index, what the kernel holds
 	// differently from what the backend wrote.
 	drift *dataplane.Drift
-	// idxTrusted is set after a sync that did not fail as a whole: idx's records are then
-	// what the kernel holds for each Service (the last good versions).
-	idxTrusted bool
-	needFull   bool
-	lastFull   time.Time
-	// leftoversPending is set until the first successful full sync has removed the other
-	// modes' leftovers.
-	leftoversPending bool
+	// sync decides whether the next sync is full (and removes leftovers once). While
+	// !sync.NeedFull (after a sync that did not fail as a whole) idx's records are what
+	// the kernel holds for each Service (the last good versions).
+	sync fullsync.State
 
 	stats ApplyStats
 }
@@ -170,9 +167,7 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 		cfg: cfg, settings: settings, logger: logger, now: o.now, opts: o,
 		idx:      newDesiredIndex(),
 		draining: map[vsKey]types.NamespacedName{},
-		needFull: true,
-
-		leftoversPending: !o.skipLeftovers,
+		sync:     fullsync.New(!o.skipLeftovers),
 	}
 
 	b.ipvs, b.links, b.sets = o.ipvs, o.links, o.sets
@@ -284,6 +279,8 @@ func (b *Backend) Flavour() Flavour { return b.flavour }
 // ApplyStats describes the last Apply, for tests, benchmarks and diagnostics.
 type ApplyStats struct {
 	Full bool
+	// Reason says why the sync was full ("" for partial).
+	Reason string
 	// Operations counts the kernel operations run, by kind ("add-vs", "delete-rs" ...).
 	Operations map[string]int
 	// DestinationReads counts the real-server listings (one netlink dump each).
@@ -317,25 +314,27 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 // Result.Failed; the others are programmed regardless.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.now()
-	full := changes.Full || b.needFull || b.view == nil ||
-		(b.cfg.SyncPeriod > 0 && start.Sub(b.lastFull) >= b.cfg.SyncPeriod)
-	b.stats = ApplyStats{Full: full, Operations: map[string]int{}}
+	reason := b.sync.Reason(changes.Full, start, b.cfg.SyncPeriod)
+	if reason == "" && b.view == nil {
+		reason = fullsync.ReasonFirst
+	}
+	full := reason != ""
+	b.stats = ApplyStats{Full: full, Reason: reason, Operations: map[string]int{}}
 	defer func() { b.stats.Duration = b.now().Sub(start) }()
 
 	var scope sets.Set[types.NamespacedName]
 	records := map[types.NamespacedName]*serviceRecord{}
 	var previousOwners map[vsKey]types.NamespacedName
 	// good remembers the Services' records before this sync, to put a rejected one back.
-	good := &lastGood{records: b.idx.records, known: b.idxTrusted}
+	good := &lastGood{records: b.idx.records, known: !b.sync.NeedFull}
 	b.drift = nil
 	if full {
 		hadLink := b.view != nil && b.view.linkExists
 		if err := b.readKernel(ctx, desired); err != nil {
-			b.needFull = true
-			b.idxTrusted = false
+			b.sync.Failed()
 			return dataplane.Result{Err: err, Full: true}
 		}
-		if b.idxTrusted {
+		if b.sync.Trusted() {
 			b.drift = b.driftOf(b.view, hadLink)
 		}
 		// A full sync recomputes every record from scratch, remembering only who held
@@ -376,8 +375,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 			good.records[name] = b.idx.records[name]
 		}
 		if err := b.readDestinations(scope, records); err != nil {
-			b.needFull = true
-			b.idxTrusted = false
+			b.sync.Failed()
 			return dataplane.Result{Err: err}
 		}
 	}
@@ -405,19 +403,16 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		b.drift.Report(b.logger, dataplane.ModeIPVS, b.cfg.Family)
 		b.drift = nil
 	}
-	b.idxTrusted = res.Err == nil
 	if res.Err != nil {
-		b.needFull = true
+		b.sync.Failed()
 	} else if full {
-		b.needFull = false
-		b.lastFull = start
-		if b.leftoversPending {
-			b.leftoversPending = false
+		b.sync.FullSynced(start)
+		if b.sync.LeftoversDue() {
 			leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPVS, b.cfg.Family, b.tools)
 		}
 	}
 	b.stats.Draining = len(b.draining)
-	b.logger.V(2).Info("Synced IPVS", "full", full, "servicesInScope", scope.Len(), "operations", b.stats.TotalOperations(),
+	b.logger.V(2).Info("Synced IPVS", "full", full, "reason", reason, "servicesInScope", scope.Len(), "operations", b.stats.TotalOperations(),
 		"destinationReads", b.stats.DestinationReads, "failedServices", len(res.Failed), "draining", len(b.draining), "elapsed", b.now().Sub(start).Seconds())
 	return res
 }
