@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/isolate"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -157,32 +158,10 @@ func blame(in *restoreInput, err error) (lineOwner, string, bool) {
 	return in.ownerOf(re.Lines[0]), in.tableOf(re.Lines[0]), true
 }
 
-// isolation bounds the failed restores one sync accepts while finding the Services to
-// blame (restores that succeed are progress and cost nothing): a few
-// bisection rounds, plus a few more for each Service found guilty (each culprit needs its
-// own restores to be found). Every step makes progress, so this only guards against
-// spending minutes of a legacy lock on a failure that is not the Services' fault.
-type isolation struct{ left, perCulprit int }
-
-func newIsolation(n int) *isolation {
-	log := 0
-	for ; n > 0; n >>= 1 {
-		log++
-	}
-	return &isolation{left: 12 + 2*log, perCulprit: log + 2}
-}
-
-var errIsolationExhausted = errors.New("giving up isolating failing Services after too many iptables-restore runs")
-
-func (i *isolation) spend() error {
-	if i.left <= 0 {
-		return errIsolationExhausted
-	}
-	i.left--
-	return nil
-}
-
-func (i *isolation) blamed() { i.left += i.perCulprit }
+// newIsolation bounds the failed restores one sync accepts while finding the Services to
+// blame among n (isolate.Budget): it guards against spending minutes of a legacy lock on a
+// failure that is not the Services' fault.
+func newIsolation(n int) *isolate.Budget { return isolate.NewBudget(n) }
 
 // An error that names no line (the xtables lock held too long, a program missing) is not
 // about the input, and never starts a search for a Service to blame.
@@ -274,7 +253,7 @@ func (b *Backend) batchUnits(units []unit) [][]unit {
 // blame, from the line it names or, when it names none (a legacy table refused at COMMIT),
 // by committing halves. Every restore that succeeds is kept: units are independent, so
 // nothing committed ever waits for the failing Service.
-func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolation) (drift bool, err error) {
+func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolate.Budget) (drift bool, err error) {
 	queue := [][]unit{units}
 	for len(queue) > 0 {
 		us := queue[0]
@@ -297,7 +276,7 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 			// Not about the input (the xtables lock, a missing program): nobody's fault.
 			return false, rerr
 		}
-		if err := iso.spend(); err != nil {
+		if err := iso.Spend(); err != nil {
 			return false, err
 		}
 		if structural(rerr) {
@@ -343,7 +322,7 @@ func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[typ
 		}
 		if !blamed.restoring {
 			failed[blamed.name] = rerr
-			iso.blamed()
+			iso.Blamed()
 		}
 		next, ok := b.lastGoodUnit(*blamed, before[blamed.name], natCommitted)
 		if !ok {
@@ -470,7 +449,7 @@ type fullSync struct {
 	cands, held []types.NamespacedName
 	// undeletable are stale chains the kernel refused to delete.
 	undeletable map[string]bool
-	iso         *isolation
+	iso         *isolate.Budget
 }
 
 // readAndRepairJumps reads the kernel before a full sync, notes drift, and inserts the
@@ -663,7 +642,7 @@ func (b *Backend) blameFull(fs *fullSync, in *restoreInput, rerr error) error {
 	if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
 		return rerr
 	}
-	if err := fs.iso.spend(); err != nil {
+	if err := fs.iso.Spend(); err != nil {
 		return err
 	}
 	owner, _, named := blame(in, rerr)
@@ -676,11 +655,11 @@ func (b *Backend) blameFull(fs *fullSync, in *restoreInput, rerr error) error {
 		fs.undeletable[owner.chain] = true
 	case named && owner.kind == lineService:
 		fs.failed[owner.service] = rerr
-		fs.iso.blamed()
+		fs.iso.Blamed()
 		fs.cands = slices.DeleteFunc(fs.cands, func(n types.NamespacedName) bool { return n == owner.service })
 	case len(fs.cands) == 1:
 		fs.failed[fs.cands[0]] = rerr
-		fs.iso.blamed()
+		fs.iso.Blamed()
 		fs.cands = nil
 	case len(fs.cands) == 0:
 		return rerr
@@ -712,7 +691,7 @@ func (b *Backend) applyHeld(ctx context.Context, fs *fullSync) error {
 }
 
 // prestage writes Services' chains in batches of at most maxChains chains.
-func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolation) error {
+func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolate.Budget) error {
 	var batches [][]*serviceRules
 	var cur []*serviceRules
 	n := 0
@@ -745,18 +724,18 @@ func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map
 		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
 			return rerr
 		}
-		if err := iso.spend(); err != nil {
+		if err := iso.Spend(); err != nil {
 			return err
 		}
 		owner, _, named := blame(in, rerr)
 		switch {
 		case named && owner.kind == lineService:
 			failed[owner.service] = rerr
-			iso.blamed()
+			iso.Blamed()
 			batches = append([][]*serviceRules{slices.DeleteFunc(batch, func(s *serviceRules) bool { return s.name == owner.service })}, batches...)
 		case len(batch) == 1:
 			failed[batch[0].name] = rerr
-			iso.blamed()
+			iso.Blamed()
 		default:
 			half := len(batch) / 2
 			batches = append([][]*serviceRules{batch[:half], batch[half:]}, batches...)

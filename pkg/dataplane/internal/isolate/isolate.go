@@ -59,7 +59,7 @@ func (s Search[T]) Run(batches [][]T) error {
 		if out.Stop {
 			return out.Err
 		}
-		if err := s.Budget.spend(); err != nil {
+		if err := s.Budget.Spend(); err != nil {
 			return err
 		}
 		blamed := out.Blamed
@@ -79,7 +79,7 @@ func (s Search[T]) Run(batches [][]T) error {
 				rest = append(rest, item)
 				continue
 			}
-			s.Budget.blamed()
+			s.Budget.Blamed()
 			next, stop := s.Blame(item, err)
 			if stop != nil {
 				return stop
@@ -116,7 +116,8 @@ func NewBudget(n int) *Budget {
 // ErrExhausted ends a search whose Budget is spent.
 var ErrExhausted = errors.New("giving up isolating failing Services after too many failed attempts")
 
-func (b *Budget) spend() error {
+// Spend takes one failed attempt from b, or returns ErrExhausted when none is left.
+func (b *Budget) Spend() error {
 	if b == nil {
 		return nil
 	}
@@ -127,7 +128,8 @@ func (b *Budget) spend() error {
 	return nil
 }
 
-func (b *Budget) blamed() {
+// Blamed gives b the attempts of one more culprit found.
+func (b *Budget) Blamed() {
 	if b != nil {
 		b.left += b.perCulprit
 	}
