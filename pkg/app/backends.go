@@ -19,9 +19,9 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
-// newBackends builds one backend per family. The configured mode's constructor also
-// removes the other modes' leftovers. The sysctls a mode sets (iptables: route_localnet;
-// ipvs: its net/ipv4/vs and ARP settings) go through sysctls.
+// newBackends builds one backend per family. Each removes the other modes' leftovers
+// after its first successful sync (leftovers.RemoveOtherModes). The sysctls a mode sets
+// (iptables: route_localnet; ipvs: its net/ipv4/vs and ARP settings) go through sysctls.
 func newBackends(ctx context.Context, mode dataplane.Mode, e *config.Effective, node model.NodeInfo, families []model.IPFamily, sysctls hostnet.Sysctls) ([]dataplane.Backend, error) {
 	var out []dataplane.Backend
 	for _, f := range families {

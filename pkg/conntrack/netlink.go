@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/hostnet/nlattr"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -45,8 +46,6 @@ const (
 	// original tuple has the given protocol. Older kernels ignore the filter; entries
 	// are matched in full here anyway.
 	ctaFilterFlagProtoNum = 1 << 3
-
-	nlaTypeMask = 0x3fff // strips NLA_F_NESTED and NLA_F_NET_BYTEORDER
 )
 
 // maxDumpAttempts bounds the retries of a dump the kernel marked interrupted (the table
@@ -122,23 +121,6 @@ func (netlinkTable) Walk(ctx context.Context, family model.IPFamily, protocol ui
 	return deleted, fmt.Errorf("dumping conntrack entries: interrupted %d times in a row", maxDumpAttempts)
 }
 
-// attrs iterates netlink attributes.
-func attrs(b []byte, fn func(typ uint16, value []byte)) {
-	for len(b) >= 4 {
-		l := int(binary.NativeEndian.Uint16(b[0:2]))
-		typ := binary.NativeEndian.Uint16(b[2:4]) & nlaTypeMask
-		if l < 4 || l > len(b) {
-			return
-		}
-		fn(typ, b[4:l])
-		aligned := (l + 3) &^ 3
-		if aligned >= len(b) {
-			return
-		}
-		b = b[aligned:]
-	}
-}
-
 // parseFlow reads the tuples of one ctnetlink message (after the netlink header).
 func parseFlow(msg []byte) (Flow, bool) {
 	var f Flow
@@ -146,7 +128,7 @@ func parseFlow(msg []byte) (Flow, bool) {
 		return f, false
 	}
 	var okOrig, okReply bool
-	attrs(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
+	nlattr.Walk(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
 		switch typ {
 		case ctaTupleOrig:
 			f.Orig, f.Protocol, okOrig = parseTuple(v)
@@ -161,10 +143,10 @@ func parseTuple(b []byte) (Tuple, uint8, bool) {
 	var src, dst netip.Addr
 	var sport, dport uint16
 	var proto uint8
-	attrs(b, func(typ uint16, v []byte) {
+	nlattr.Walk(b, func(typ uint16, v []byte) {
 		switch typ {
 		case ctaTupleIP:
-			attrs(v, func(t uint16, a []byte) {
+			nlattr.Walk(v, func(t uint16, a []byte) {
 				addr, ok := netip.AddrFromSlice(a)
 				if !ok {
 					return
@@ -177,7 +159,7 @@ func parseTuple(b []byte) (Tuple, uint8, bool) {
 				}
 			})
 		case ctaTupleProto:
-			attrs(v, func(t uint16, a []byte) {
+			nlattr.Walk(v, func(t uint16, a []byte) {
 				switch {
 				case t == ctaProtoNum && len(a) >= 1:
 					proto = a[0]

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
+	"github.com/sluiceproxy/sluice/pkg/hostnet/nlattr"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 )
 
@@ -89,7 +90,7 @@ func parseCPUStats(msg []byte) (cpuCounters, error) {
 		return c, fmt.Errorf("conntrack statistics message of %d bytes is too short", len(msg))
 	}
 	c.cpu = binary.BigEndian.Uint16(msg[2:4])
-	attrs(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
+	nlattr.Walk(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
 		if len(v) < 4 {
 			return
 		}
@@ -110,7 +111,7 @@ func parseGlobalStats(msg []byte) (globalStats, error) {
 		return g, fmt.Errorf("conntrack statistics message of %d bytes is too short", len(msg))
 	}
 	hasEntries := false
-	attrs(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
+	nlattr.Walk(msg[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
 		if len(v) < 4 {
 			return
 		}

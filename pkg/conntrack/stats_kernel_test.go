@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
+	"github.com/sluiceproxy/sluice/pkg/hostnet/nlattr"
 	"github.com/sluiceproxy/sluice/test/netnstest"
 )
 
@@ -267,7 +268,7 @@ func (w withoutMaxEntries) read() ([][]byte, []byte, error) {
 		return nil, nil, err
 	}
 	out := append([]byte{}, global[:nl.SizeofNfgenmsg]...)
-	attrs(global[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
+	nlattr.Walk(global[nl.SizeofNfgenmsg:], func(typ uint16, v []byte) {
 		if typ != ctaStatsGlobalMaxEntries {
 			out = append(out, nl.NewRtAttr(int(typ), v).Serialize()...)
 		}

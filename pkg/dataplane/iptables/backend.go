@@ -2,11 +2,9 @@ package iptables
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +12,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fullsync"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
@@ -29,9 +29,6 @@ const (
 	// resyncs large clusters periodically; sluice does, rarely, so that drift the canary
 	// cannot see (a rule deleted inside a chain) is still repaired.
 	defaultLargeFullSyncPeriod = 6 * time.Hour
-	// defaultWaitSeconds bounds the wait for the xtables lock. Upstream waits 5 s; a
-	// legacy restore of a large ruleset by someone else can take longer than that.
-	defaultWaitSeconds = 30
 	// defaultNFTMaxChains bounds the chains one iptables-nft-restore creates. iptables-nft
 	// inserts each new chain into a sorted list, and its cost grows with the square of the
 	// chains in one run: 11 000 new chains take 2.6 s in one run, 110 000 do not finish in
@@ -45,7 +42,7 @@ type Backend struct {
 	cfg    dataplane.Config
 	opts   options
 	logger klog.Logger
-	tools  *tools
+	tools  *xtables.Tools
 	editor ruleEditor
 	sysctl hostnet.Sysctls
 
@@ -53,20 +50,17 @@ type Backend struct {
 	nfacct     bool
 	maxChains  int
 
-	// applied mirrors, per Service, what the kernel holds; valid only while known.
+	// sync decides whether the next sync is full (and removes leftovers once).
+	sync fullsync.State
+	// applied mirrors, per Service, what the kernel holds; valid only while
+	// !sync.NeedFull.
 	applied map[types.NamespacedName]*appliedService
 	// appliedNAT and appliedFilter total the rules of applied (see setApplied).
 	appliedNAT, appliedFilter int
-	known                     bool
 	// static is the fingerprint of the static rules in the kernel.
-	static   string
-	lastFull time.Time
+	static string
 	// synced is set after the first successful full sync (read by Monitor).
 	synced atomic.Bool
-	// leftoversDone is set once other modes' and flavours' leftovers have been removed.
-	leftoversDone bool
-	// lastKernel is what the last full sync read.
-	lastKernel *kernelView
 	// splitLogged is set once the reason for splitting restores has been logged.
 	splitLogged bool
 
@@ -91,14 +85,13 @@ type options struct {
 	now                 func() time.Time
 
 	// Seams for tests.
-	cmd        commander
-	probe      flavourProbe
+	cmd        xtables.Commander
+	probe      xtables.Probe
 	editor     ruleEditor
 	sysctl     hostnet.Sysctls
 	nfacct     nfacctClient
 	listChains bool // read chains with iptables-save even in the nft flavour
 	faulty     func(types.NamespacedName, []*model.ServicePort) bool
-	installed  Flavour
 }
 
 // WithFlavour forces the iptables flavour instead of detecting it.
@@ -114,8 +107,8 @@ func WithFullSyncPeriod(small, large time.Duration) Option {
 // nft flavour splits large syncs; 0 keeps the flavour's default, -1 never splits).
 func WithMaxChainsPerRestore(n int) Option { return func(o *options) { o.maxChains = n } }
 
-// WithoutLeftoverCleanup skips removing other modes' and flavours' leftovers (nftables
-// table, IPVS, kube-proxy rules in the other iptables flavour) after the first sync.
+// WithoutLeftoverCleanup skips removing other modes' leftovers (leftovers.RemoveOtherModes)
+// after the first sync.
 func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
 
 // WithLocalAddresses replaces the lookup of this node's addresses (the NodePort
@@ -132,13 +125,11 @@ func WithClock(now func() time.Time) Option { return func(o *options) { o.now = 
 // into a warning (hostnet.Tolerant); tests pass a fake.
 func WithSysctls(s hostnet.Sysctls) Option { return func(o *options) { o.sysctl = s } }
 
-func withCommander(c commander, installed Flavour) Option {
-	return func(o *options) { o.cmd, o.installed = c, installed }
-}
-func withEditor(e ruleEditor) Option   { return func(o *options) { o.editor = e } }
-func withNFAcct(n nfacctClient) Option { return func(o *options) { o.nfacct = n } }
-func withProbe(p flavourProbe) Option  { return func(o *options) { o.probe = p } }
-func withSaveListing() Option          { return func(o *options) { o.listChains = true } }
+func withCommander(c xtables.Commander) Option { return func(o *options) { o.cmd = c } }
+func withEditor(e ruleEditor) Option           { return func(o *options) { o.editor = e } }
+func withNFAcct(n nfacctClient) Option         { return func(o *options) { o.nfacct = n } }
+func withProbe(p xtables.Probe) Option         { return func(o *options) { o.probe = p } }
+func withSaveListing() Option                  { return func(o *options) { o.listChains = true } }
 func withFaultyServices(names ...types.NamespacedName) Option {
 	return withFault(func(n types.NamespacedName, _ []*model.ServicePort) bool { return slices.Contains(names, n) })
 }
@@ -160,7 +151,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	o := options{
 		fullSyncPeriod:      defaultFullSyncPeriod,
 		largeFullSyncPeriod: defaultLargeFullSyncPeriod,
-		waitSeconds:         defaultWaitSeconds,
+		waitSeconds:         xtables.DefaultWaitSeconds,
 		localAddrs:          hostnet.InterfaceAddrs,
 		now:                 time.Now,
 	}
@@ -168,10 +159,10 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		opt(&o)
 	}
 	if o.cmd == nil {
-		o.cmd = execCommander{}
+		o.cmd = xtables.Exec{}
 	}
 	if o.probe == nil {
-		o.probe = systemProbe{cmd: o.cmd, family: cfg.Family}
+		o.probe = xtables.SystemProbe{}
 	}
 	if o.sysctl == nil {
 		o.sysctl = hostnet.ProcSys{}
@@ -183,36 +174,20 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		return nil, fmt.Errorf("iptables backend: unknown IP family %v", cfg.Family)
 	}
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family)
-	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{}}
+	b := &Backend{cfg: cfg, opts: o, logger: logger, sysctl: o.sysctl, applied: map[types.NamespacedName]*appliedService{},
+		sync: fullsync.New(!o.skipLeftovers)}
 
 	// Flavour.
-	choice := flavourChoice{flavour: o.flavour, installed: o.installed, reason: "configured"}
-	if o.installed == "" {
-		installed, err := installedFlavour(ctx, o.cmd, cfg.Family)
-		if err != nil {
-			if o.flavour == "" {
-				return nil, err
-			}
-			installed = ""
-		}
-		choice.installed = installed
+	tools, choice, err := xtables.Choose(ctx, o.cmd, o.probe, cfg.Family, o.flavour)
+	if err != nil {
+		return nil, err
 	}
-	if o.flavour == "" {
-		var err error
-		if choice, err = detectFlavour(ctx, o.cmd, o.probe, cfg.Family); err != nil {
-			return nil, err
-		}
-	}
-	ipt, restore, save := toolNames(cfg.Family, choice.flavour, choice.installed)
-	if _, err := o.cmd.LookPath(restore); err != nil {
-		return nil, fmt.Errorf("iptables flavour %s: %s not found: %w", choice.flavour, restore, err)
-	}
-	b.tools = &tools{flavour: choice.flavour, installed: choice.installed, family: cfg.Family, iptables: ipt, restore: restore, save: save,
-		waitSeconds: o.waitSeconds, cmd: o.cmd}
-	logger.Info("Using iptables", "flavour", choice.flavour, "reason", choice.reason, "restore", restore)
+	tools.WaitSeconds = o.waitSeconds
+	b.tools = tools
+	logger.Info("Using iptables", "flavour", choice.Flavour, "reason", choice.Reason, "restore", tools.RestoreProgram)
 
 	b.maxChains = o.maxChains
-	if b.maxChains == 0 && choice.flavour == FlavourNFT {
+	if b.maxChains == 0 && choice.Flavour == FlavourNFT {
 		b.maxChains = defaultNFTMaxChains
 	}
 	if b.maxChains < 0 {
@@ -252,22 +227,6 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	return b, nil
 }
 
-var nfacctRegistered atomic.Bool
-
-// registerNFAcct registers the collector once per process (both families share the
-// counters, as upstream's do).
-func registerNFAcct(c *nfacctCollector, logger klog.Logger) {
-	if !nfacctRegistered.CompareAndSwap(false, true) {
-		return
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			logger.Error(fmt.Errorf("%v", r), "Could not register the nfacct metrics")
-		}
-	}()
-	metrics.MustRegisterCollector(c)
-}
-
 // Mode implements dataplane.Backend.
 func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeIPTables }
 
@@ -275,7 +234,7 @@ func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeIPTables }
 func (b *Backend) Family() model.IPFamily { return b.cfg.Family }
 
 // Flavour returns the iptables flavour in use.
-func (b *Backend) Flavour() Flavour { return b.tools.flavour }
+func (b *Backend) Flavour() Flavour { return b.tools.Flavour }
 
 // ApplyStats describes the last Apply, for tests, benchmarks and diagnostics.
 type ApplyStats struct {
@@ -325,7 +284,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	// What a full sync finds different from what the backend wrote is drift, when it
 	// knows what it wrote (not before its first sync, not after one failed as a whole).
 	var drift *dataplane.Drift
-	if b.known && !b.lastFull.IsZero() {
+	if b.sync.Trusted() {
 		drift = &dataplane.Drift{}
 	}
 	var err error
@@ -339,7 +298,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		if changedBehind && err == nil {
 			reason = "kernel rules differ from what sluice wrote"
 			b.logger.Info("Rules changed behind sluice's back, doing a full sync")
-			b.known = false
+			b.sync.Failed()
 			err = b.syncFull(ctx, desired, rc, static, res.Failed, drift)
 			if drift != nil && drift.Count("rule") == 0 {
 				drift.Add("rule", "written by sluice was gone (a partial sync could not delete it)")
@@ -353,7 +312,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	res.Err = err
 	if err != nil {
 		// The kernel may hold anything now: rewrite everything next time.
-		b.known = false
+		b.sync.Failed()
 		if len(res.Failed) > 0 {
 			err = fmt.Errorf("%w (and %d Services failed on their own)", err, len(res.Failed))
 			res.Err = err
@@ -368,9 +327,8 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if res.Err == nil && !b.synced.Load() && res.Full {
 		b.synced.Store(true)
 	}
-	if res.Err == nil && res.Full && !b.leftoversDone {
-		b.leftoversDone = true
-		b.removeLeftoverRules(ctx, b.lastKernel)
+	if res.Err == nil && res.Full && b.sync.LeftoversDue() {
+		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPTables, b.cfg.Family, b.tools)
 	}
 
 	b.stats.Full, b.stats.Reason, b.stats.Failed = res.Full, reason, len(res.Failed)
@@ -379,24 +337,18 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	return res
 }
 
-// fullReason returns why this sync must be full, or "".
+// fullReason returns why this sync must be full, or "": fullsync's reasons (with the
+// large-cluster period), then the node-wide rules changed or the canary chain gone.
 func (b *Backend) fullReason(changes model.Changes, static *staticRules, endpoints int) string {
-	switch {
-	case !b.known && b.lastFull.IsZero():
-		return "first sync"
-	case !b.known:
-		return "previous sync failed"
-	case changes.Full:
-		return "requested"
-	case static.fingerprint() != b.static:
-		return "node-wide rules changed"
-	}
 	period := b.opts.fullSyncPeriod
 	if endpoints > largeClusterEndpoints {
 		period = b.opts.largeFullSyncPeriod
 	}
-	if period > 0 && b.opts.now().Sub(b.lastFull) >= period {
-		return "periodic"
+	if reason := b.sync.Reason(changes.Full, b.opts.now(), period); reason != "" {
+		return reason
+	}
+	if static.fingerprint() != b.static {
+		return "node-wide rules changed"
 	}
 	if ok, err := b.canaryPresent(); err != nil {
 		b.logger.Error(err, "Could not check the iptables canary")
@@ -407,693 +359,13 @@ func (b *Backend) fullReason(changes model.Changes, static *staticRules, endpoin
 	return ""
 }
 
-// restore runs one restore and accounts for it.
-func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) error {
-	b.stats.Restores++
-	b.stats.Lines += in.lines
-	if v := b.logger.V(9); v.Enabled() {
-		v.Info("Running iptables-restore", "input", in.String())
-	}
-	start := time.Now()
-	err := b.tools.runRestore(ctx, in.buf.Bytes())
-	b.logger.V(4).Info("Ran iptables-restore", "lines", in.lines, "elapsed", time.Since(start), "ok", err == nil)
-	if err == nil {
-		for t, n := range in.rules {
-			b.stats.Rules[t] += n
-		}
-		return nil
-	}
-	fam := b.cfg.Family.String()
-	metrics.IPTablesRestoreFailuresTotal.WithLabelValues(fam).Inc()
-	if !full {
-		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(fam).Inc()
-	}
-	var re *restoreError
-	if errors.As(err, &re) && len(re.lines) > 0 {
-		b.logger.V(2).Info("iptables-restore rejected its input", "line", re.lines[0], "text", inputLine(in, re.lines[0]), "output", re.output)
-	}
-	return err
-}
-
-// inputLine returns line n of in, for logs.
-func inputLine(in *restoreInput, n int) string {
-	lines := strings.SplitN(in.buf.String(), "\n", n+1)
-	if n < 1 || n > len(lines) {
-		return ""
-	}
-	return lines[n-1]
-}
-
-// blame returns the owner of the first line a restore error points at, and the table
-// whose section it is in ("" when the error names no line).
-func blame(in *restoreInput, err error) (lineOwner, string, bool) {
-	var re *restoreError
-	if !errors.As(err, &re) || len(re.lines) == 0 {
-		return lineOwner{}, "", false
-	}
-	return in.ownerOf(re.lines[0]), in.tableOf(re.lines[0]), true
-}
-
-// isolation bounds the failed restores one sync accepts while finding the Services to
-// blame (restores that succeed are progress and cost nothing): a few
-// bisection rounds, plus a few more for each Service found guilty (each culprit needs its
-// own restores to be found). Every step makes progress, so this only guards against
-// spending minutes of a legacy lock on a failure that is not the Services' fault.
-type isolation struct{ left, perCulprit int }
-
-func newIsolation(n int) *isolation {
-	log := 0
-	for ; n > 0; n >>= 1 {
-		log++
-	}
-	return &isolation{left: 12 + 2*log, perCulprit: log + 2}
-}
-
-var errIsolationExhausted = errors.New("giving up isolating failing Services after too many iptables-restore runs")
-
-func (i *isolation) spend() error {
-	if i.left <= 0 {
-		return errIsolationExhausted
-	}
-	i.left--
-	return nil
-}
-
-func (i *isolation) blamed() { i.left += i.perCulprit }
-
-// An error that names no line (the xtables lock held too long, a program missing) is not
-// about the input, and never starts a search for a Service to blame.
-//
-// structural reports whether iptables-restore complained about one of sluice's shared
-// chains: then the shared state is wrong (a chain missing, someone else's change), not a
-// Service, and blaming Services one by one would only take them all down.
-func structural(err error) bool {
-	var re *restoreError
-	if !errors.As(err, &re) {
-		return false
-	}
-	for _, c := range append(append([]string{chainMarkMasq, chainCanary, chainKubeletFirewall}, natTopChains...), filterTopChains...) {
-		if strings.Contains(re.output, "`"+c+"'") || strings.Contains(re.output, "'"+c+"'") {
-			return true
-		}
-	}
-	return false
-}
-
-// ---- partial sync ----
-
-// syncPartial applies the changed Services as independent units. drift reports that the
-// kernel does not hold what sluice believes, which needs a full sync.
-func (b *Backend) syncPartial(ctx context.Context, desired *model.NodeState, changes model.Changes, rc *renderConfig, failed map[types.NamespacedName]error) (drift bool, err error) {
-	names := changes.Services.UnsortedList()
-	slices.SortFunc(names, compareNames)
-	var units []unit
-	for _, name := range names {
-		u := unit{name: name, old: b.applied[name]}
-		if ports := desired.PortsOf(name); len(ports) > 0 {
-			u.new = renderService(rc, name, ports)
-		}
-		if u.old == nil && u.new == nil {
-			continue
-		}
-		units = append(units, u)
-	}
-	return b.applyUnits(ctx, units, failed)
-}
-
-func compareNames(a, b types.NamespacedName) int {
-	if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
-		return c
-	}
-	return strings.Compare(a.Name, b.Name)
-}
-
-// applyUnits commits units in batches (the nft flavour bounds the chains per restore),
-// isolating the Services whose rules are rejected.
-func (b *Backend) applyUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error) (drift bool, err error) {
-	iso := newIsolation(len(units))
-	for _, batch := range b.batchUnits(units) {
-		drift, err = b.isolateUnits(ctx, batch, failed, iso)
-		if drift || err != nil {
-			return drift, err
-		}
-	}
-	return false, nil
-}
-
-func (b *Backend) batchUnits(units []unit) [][]unit {
-	if b.maxChains <= 0 {
-		return [][]unit{units}
-	}
-	var out [][]unit
-	var cur []unit
-	chains := 0
-	for _, u := range units {
-		n := 0
-		if u.new != nil {
-			n += len(u.new.natChains)
-		}
-		if u.old != nil {
-			n += len(u.old.natChains)
-		}
-		if len(cur) > 0 && chains+n > b.maxChains {
-			out = append(out, cur)
-			cur, chains = nil, 0
-		}
-		cur = append(cur, u)
-		chains += n
-	}
-	if len(cur) > 0 {
-		out = append(out, cur)
-	}
-	return out
-}
-
-// isolateUnits commits units; when iptables-restore rejects them it finds the Service to
-// blame, from the line it names or, when it names none (a legacy table refused at COMMIT),
-// by committing halves. Every restore that succeeds is kept: units are independent, so
-// nothing committed ever waits for the failing Service.
-func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolation) (drift bool, err error) {
-	queue := [][]unit{units}
-	for len(queue) > 0 {
-		us := queue[0]
-		queue = queue[1:]
-		if len(us) == 0 {
-			continue
-		}
-		in := renderUnits(us)
-		if in.empty() {
-			b.commitUnits(us, true, true)
-			continue
-		}
-		rerr := b.restore(ctx, in, false)
-		if rerr == nil {
-			b.commitUnits(us, true, true)
-			continue
-		}
-		var re *restoreError
-		if !errors.As(rerr, &re) || len(re.lines) == 0 {
-			// Not about the input (the xtables lock, a missing program): nobody's fault.
-			return false, rerr
-		}
-		if err := iso.spend(); err != nil {
-			return false, err
-		}
-		if structural(rerr) {
-			return true, nil
-		}
-		owner, table, named := blame(in, rerr)
-		// What the kernel held before this restore, for the Services it concerned.
-		before := make(map[types.NamespacedName]*appliedService, len(us))
-		for _, u := range us {
-			before[u.name] = u.old
-		}
-		natCommitted := table == tableFilter
-		if natCommitted {
-			// nat was committed before filter failed.
-			b.commitUnits(us, true, false)
-			for i := range us {
-				us[i].old = b.applied[us[i].name]
-			}
-		}
-		var blamed *unit
-		switch {
-		case named && (owner.kind == lineDelete || owner.kind == lineStale):
-			return true, nil
-		case named && owner.kind == lineService:
-			rest := make([]unit, 0, len(us))
-			for i := range us {
-				if us[i].name == owner.service {
-					blamed = &us[i]
-					continue
-				}
-				rest = append(rest, us[i])
-			}
-			queue = append([][]unit{rest}, queue...)
-		case len(us) == 1:
-			blamed = &us[0]
-		default:
-			// A global line or no line at all: split.
-			half := len(us) / 2
-			queue = append([][]unit{us[:half], us[half:]}, queue...)
-		}
-		if blamed == nil {
-			continue
-		}
-		if !blamed.restoring {
-			failed[blamed.name] = rerr
-			iso.blamed()
-		}
-		next, ok := b.lastGoodUnit(*blamed, before[blamed.name], natCommitted)
-		if !ok {
-			// Not even its removal was taken: only a full sync can tell what the kernel holds.
-			return true, nil
-		}
-		if next != nil {
-			queue = append(queue, []unit{*next})
-		}
-	}
-	return false, nil
-}
-
-// lastGoodUnit decides what follows the kernel's refusal of u, a Service's change from
-// prev: the Service must keep its last good version (dataplane.Backend's failure rule).
-// Nothing follows when nothing of u was committed: the kernel still holds prev. When nat
-// was committed and filter refused, the unit returned writes prev's version back (or
-// removes the Service if it is new). When that is refused too, the unit returned removes
-// the Service, so that no half of two versions stays; ok is false when even that was
-// refused.
-func (b *Backend) lastGoodUnit(u unit, prev *appliedService, natCommitted bool) (next *unit, ok bool) {
-	switch {
-	case !u.restoring && !natCommitted:
-		return nil, true
-	case !u.restoring:
-		back := &unit{name: u.name, old: b.applied[u.name], restoring: true}
-		if prev != nil && len(prev.ports) > 0 {
-			back.new = renderService(b.rc, u.name, prev.ports)
-		}
-		b.logger.Info("Writing back the last good rules of a Service whose update was half taken", "service", klog.KRef(u.name.Namespace, u.name.Name))
-		return back, true
-	case u.new != nil:
-		b.logger.Info("Its last good rules were refused too; removing the Service's rules", "service", klog.KRef(u.name.Namespace, u.name.Name))
-		return &unit{name: u.name, old: b.applied[u.name], restoring: true}, true
-	}
-	return nil, false
-}
-
-// commitUnits records that the kernel now holds the units' new state, for the tables that
-// were committed.
-func (b *Backend) commitUnits(us []unit, nat, filter bool) {
-	for _, u := range us {
-		if u.new == nil {
-			if nat && filter {
-				b.setApplied(u.name, nil)
-				continue
-			}
-			a := &appliedService{}
-			if old := b.applied[u.name]; old != nil && !filter {
-				a.filterTop = old.filterTop
-			}
-			b.setApplied(u.name, a)
-			continue
-		}
-		a := appliedFrom(u.new)
-		if !filter {
-			// nat holds the new version, filter the old one: the last good version is
-			// still the old one.
-			a.ports = nil
-			if old := b.applied[u.name]; old != nil {
-				a.filterTop, a.ports = old.filterTop, old.ports
-			}
-		}
-		b.setApplied(u.name, a)
-	}
-}
-
-// setApplied records what the kernel now holds for one Service (nil: nothing), keeping
-// the rule totals up to date: a partial sync must cost what its Services cost, not a
-// walk over every Service.
-func (b *Backend) setApplied(name types.NamespacedName, a *appliedService) {
-	if old := b.applied[name]; old != nil {
-		b.appliedNAT -= old.natRules
-		b.appliedFilter -= len(old.filterTop)
-	}
-	if a == nil {
-		delete(b.applied, name)
-		return
-	}
-	b.applied[name] = a
-	b.appliedNAT += a.natRules
-	b.appliedFilter += len(a.filterTop)
-}
-
-// ---- full sync ----
-
-// syncFull rewrites everything: jumps from built-in chains are checked, every chain is
-// flushed and refilled, and chains nobody uses are deleted.
-func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *renderConfig, static *staticRules, failed map[types.NamespacedName]error, drift *dataplane.Drift) error {
-	kv, err := b.readKernel(ctx)
-	if err != nil {
-		return err
-	}
-	b.lastKernel = kv
-	if drift != nil {
-		b.driftOf(kv, static, drift)
-	}
-	inserted, err := b.ensureJumps(kv)
-	if drift != nil {
-		for _, j := range inserted {
-			drift.Add("rule", "jump "+j+" missing")
-		}
-	}
-	if err != nil {
-		return err
-	}
-
-	names := desired.ServiceNames().UnsortedList()
-	slices.SortFunc(names, compareNames)
-	rendered := make(map[types.NamespacedName]*serviceRules, len(names))
-	chains := 0
-	for _, name := range names {
-		s := renderService(rc, name, desired.PortsOf(name))
-		rendered[name] = s
-		chains += len(s.natChains)
-	}
-	iso := newIsolation(len(names))
-
-	// A large sync in the nft flavour first writes the Services' chains in batches; the
-	// final restore then only rewrites the shared chains to point at them.
-	split := b.maxChains > 0 && chains > b.maxChains
-	if split && !b.splitLogged {
-		b.splitLogged = true
-		b.logger.Info("Writing the ruleset in several iptables-nft restores: one restore would take minutes, as its cost grows with the square of the chains it creates (upstream kube-proxy never finishes such a ruleset); sluice's nftables mode avoids iptables-nft altogether",
-			"chains", chains, "chainsPerRestore", b.maxChains)
-	}
-	prestaged := map[types.NamespacedName]bool{}
-	extraChains := map[string]bool{}
-	if split {
-		// The Services' chains jump to KUBE-MARK-MASQ before the final restore fills it;
-		// create it empty if it does not exist (never flush it: it may be in use).
-		if !kv.chains[tableNAT][chainMarkMasq] {
-			if err := b.editor.NewChain(tableNAT, chainMarkMasq); err != nil && !isExistsError(err) {
-				return fmt.Errorf("creating chain %s: %w", chainMarkMasq, err)
-			}
-		}
-		var list []*serviceRules
-		for _, name := range names {
-			list = append(list, rendered[name])
-		}
-		if err := b.prestage(ctx, list, failed, prestaged, iso); err != nil {
-			return err
-		}
-		for name := range prestaged {
-			for _, c := range rendered[name].natChains {
-				extraChains[c.name] = true
-			}
-		}
-	}
-
-	existing := map[string]bool{}
-	for c := range kv.chains[tableNAT] {
-		if isServiceChain(c) {
-			existing[c] = true
-		}
-	}
-	for c := range extraChains {
-		existing[c] = true
-	}
-
-	cands := make([]types.NamespacedName, 0, len(names))
-	for _, name := range names {
-		if failed[name] == nil {
-			cands = append(cands, name)
-		}
-	}
-	var held []types.NamespacedName
-	undeletable := map[string]bool{}
-	// kept are the held Services and those the kernel refused: left as the kernel has
-	// them (their last good version), when that is known. A refused Service whose chains
-	// a first restore already rewrote (prestaged) cannot be kept as it was: it is removed.
-	kept := func() []types.NamespacedName {
-		if !b.known {
-			return nil
-		}
-		out := slices.Clone(held)
-		for name := range failed {
-			if b.applied[name] != nil && !prestaged[name] && !slices.Contains(out, name) {
-				out = append(out, name)
-			}
-		}
-		return out
-	}
-	for {
-		p := &fullPlan{static: static, prestaged: prestaged, undeletable: undeletable, canary: true}
-		active := map[string]bool{}
-		for _, name := range cands {
-			s := rendered[name]
-			p.write = append(p.write, s)
-			for _, c := range s.natChains {
-				active[c.name] = true
-			}
-		}
-		keep := kept()
-		slices.SortFunc(keep, compareNames)
-		for _, name := range keep {
-			if a := b.applied[name]; a != nil {
-				p.keep = append(p.keep, a)
-				for _, c := range a.chainNames() {
-					active[c] = true
-				}
-			}
-		}
-		for c := range existing {
-			if !active[c] {
-				p.stale = append(p.stale, c)
-			}
-		}
-		slices.Sort(p.stale)
-		staleLater := split && len(p.stale) > 0
-		var stale []string
-		if staleLater {
-			stale, p.stale = p.stale, nil
-		}
-		in := renderFull(p)
-		rerr := b.restore(ctx, in, true)
-		if rerr == nil {
-			applied := map[types.NamespacedName]*appliedService{}
-			for _, s := range p.write {
-				applied[s.name] = appliedFrom(s)
-			}
-			for _, name := range keep {
-				if a := b.applied[name]; a != nil {
-					applied[name] = a
-				}
-			}
-			b.applied, b.known, b.static, b.lastFull = applied, true, static.fingerprint(), b.opts.now()
-			b.appliedNAT, b.appliedFilter = 0, 0
-			for _, a := range applied {
-				b.appliedNAT += a.natRules
-				b.appliedFilter += len(a.filterTop)
-			}
-			if staleLater {
-				if err := b.deleteStale(ctx, stale, undeletable); err != nil {
-					return err
-				}
-			}
-			break
-		}
-		var re *restoreError
-		if !errors.As(rerr, &re) || len(re.lines) == 0 || structural(rerr) {
-			return rerr
-		}
-		if err := iso.spend(); err != nil {
-			return err
-		}
-		owner, _, named := blame(in, rerr)
-		switch {
-		case named && owner.kind == lineStale:
-			if undeletable[owner.chain] {
-				return rerr
-			}
-			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
-			undeletable[owner.chain] = true
-		case named && owner.kind == lineService:
-			failed[owner.service] = rerr
-			iso.blamed()
-			cands = slices.DeleteFunc(cands, func(n types.NamespacedName) bool { return n == owner.service })
-		case len(cands) == 1:
-			failed[cands[0]] = rerr
-			iso.blamed()
-			cands = nil
-		case len(cands) == 0:
-			return rerr
-		default:
-			// Nothing to blame: hold half the Services back (as the kernel has them,
-			// when that is known) and try again with the rest.
-			half := len(cands) / 2
-			held = append(append([]types.NamespacedName(nil), cands[half:]...), held...)
-			cands = cands[:half]
-		}
-	}
-	if len(held) == 0 {
-		return nil
-	}
-	// The Services held back go in now, one partial sync on top of the committed state.
-	var units []unit
-	for _, name := range held {
-		units = append(units, unit{name: name, old: b.applied[name], new: rendered[name]})
-	}
-	changedBehind, err := b.applyUnits(ctx, units, failed)
-	if changedBehind {
-		return fmt.Errorf("iptables rules changed during a full sync")
-	}
-	return err
-}
-
-// prestage writes Services' chains in batches of at most maxChains chains.
-func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolation) error {
-	var batches [][]*serviceRules
-	var cur []*serviceRules
-	n := 0
-	for _, s := range list {
-		if len(cur) > 0 && n+len(s.natChains) > b.maxChains {
-			batches = append(batches, cur)
-			cur, n = nil, 0
-		}
-		cur = append(cur, s)
-		n += len(s.natChains)
-	}
-	if len(cur) > 0 {
-		batches = append(batches, cur)
-	}
-	for len(batches) > 0 {
-		batch := batches[0]
-		batches = batches[1:]
-		if len(batch) == 0 {
-			continue
-		}
-		in := renderChainsOnly(batch)
-		rerr := b.restore(ctx, in, true)
-		if rerr == nil {
-			for _, s := range batch {
-				done[s.name] = true
-			}
-			continue
-		}
-		var re *restoreError
-		if !errors.As(rerr, &re) || len(re.lines) == 0 || structural(rerr) {
-			return rerr
-		}
-		if err := iso.spend(); err != nil {
-			return err
-		}
-		owner, _, named := blame(in, rerr)
-		switch {
-		case named && owner.kind == lineService:
-			failed[owner.service] = rerr
-			iso.blamed()
-			batches = append([][]*serviceRules{slices.DeleteFunc(batch, func(s *serviceRules) bool { return s.name == owner.service })}, batches...)
-		case len(batch) == 1:
-			failed[batch[0].name] = rerr
-			iso.blamed()
-		default:
-			half := len(batch) / 2
-			batches = append([][]*serviceRules{batch[:half], batch[half:]}, batches...)
-		}
-	}
-	return nil
-}
-
-// deleteStale flushes, then deletes, unused chains in bounded batches.
-func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable map[string]bool) error {
-	for _, batch := range chunkStrings(stale, b.maxChains) {
-		if err := b.restore(ctx, renderStaleFlush(batch), true); err != nil {
-			return fmt.Errorf("flushing unused chains: %w", err)
-		}
-	}
-	var todo []string
-	for _, c := range stale {
-		if !undeletable[c] {
-			todo = append(todo, c)
-		}
-	}
-	for _, batch := range chunkStrings(todo, b.maxChains) {
-		for len(batch) > 0 {
-			in := renderStaleDelete(batch)
-			rerr := b.restore(ctx, in, true)
-			if rerr == nil {
-				break
-			}
-			owner, _, named := blame(in, rerr)
-			if !named || owner.kind != lineStale {
-				return fmt.Errorf("deleting unused chains: %w", rerr)
-			}
-			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
-			batch = slices.DeleteFunc(batch, func(c string) bool { return c == owner.chain })
-		}
-	}
-	return nil
-}
-
-func chunkStrings(s []string, n int) [][]string {
-	if n <= 0 || len(s) <= n {
-		if len(s) == 0 {
-			return nil
-		}
-		return [][]string{s}
-	}
-	var out [][]string
-	for len(s) > n {
-		out = append(out, s[:n])
-		s = s[n:]
-	}
-	return append(out, s)
-}
-
-// removeLeftoverRules runs once, after the first successful full sync, when sluice's rules
-// are in place (removing them before would leave the node without any for a while): it
-// removes upstream's nftables table, the ipvs mode's IPVS services, kube-ipvs0 device,
-// chains and ipsets, and kube-proxy rules in the other iptables flavour. Until then both
-// sets of rules are active, which is harmless: nat PREROUTING and OUTPUT DNAT a packet
-// once, and IPVS only sees packets that are still addressed to the node after that.
-func (b *Backend) removeLeftoverRules(ctx context.Context, kv *kernelView) {
-	if b.opts.skipLeftovers {
-		return
-	}
-	if removed, err := leftovers.DeleteNFTablesTable(b.cfg.Family); err != nil {
-		b.logger.Error(err, "Could not remove the nftables mode's table")
-	} else if removed {
-		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
-	}
-	if removed, err := leftovers.RemoveIPVSServersAndDevice(); err != nil {
-		b.logger.Error(err, "Could not remove all leftovers of the ipvs mode")
-	} else if removed {
-		b.logger.Info("Removed the ipvs mode's virtual servers and device", "device", leftovers.IPVSDevice)
-	}
-	other := FlavourLegacy
-	if b.tools.flavour == FlavourLegacy {
-		other = FlavourNFT
-	}
-	ipt, restore, save := toolNames(b.cfg.Family, other, b.tools.installed)
-	if _, err := b.tools.cmd.LookPath(restore); err == nil && b.opts.probe.inUse(other) && b.opts.probe.hasOwnedChains(ctx, other) {
-		t := &tools{flavour: other, installed: b.tools.installed, family: b.cfg.Family, iptables: ipt, restore: restore, save: save,
-			waitSeconds: b.tools.waitSeconds, cmd: b.tools.cmd}
-		if n, err := removeChains(ctx, t, ownedByIPTablesMode, 5000); err != nil {
-			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour", "flavour", other)
-		} else if n > 0 {
-			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "flavour", other, "chains", n)
-		}
-	}
-	ipvsChains := false
-	if kv != nil {
-		for table, chains := range ipvsOnlyChains {
-			for _, c := range chains {
-				ipvsChains = ipvsChains || kv.chains[table][c]
-			}
-		}
-	}
-	if !ipvsChains {
-		return
-	}
-	if n, err := removeChains(ctx, b.tools, ownedByIPVSModeOnly, 0); err != nil {
-		b.logger.Error(err, "Could not remove the ipvs mode's chains")
-	} else if n > 0 {
-		b.logger.Info("Removed the ipvs mode's chains", "chains", n)
-	}
-	if n, err := leftovers.DestroyIPVSIPSets(b.cfg.Family); err != nil {
-		b.logger.Error(err, "Could not remove the ipvs mode's ipsets")
-	} else if n > 0 {
-		b.logger.Info("Removed the ipvs mode's ipsets", "ipsets", n)
-	}
-}
-
 // recordRuleMetrics sets the rule-count gauges from what the kernel holds.
 func (b *Backend) recordRuleMetrics(static *staticRules) {
 	fam := b.cfg.Family.String()
 	for _, table := range []string{tableFilter, tableNAT} {
 		metrics.IPTablesRulesLastSync.WithLabelValues(table, fam).Set(float64(b.stats.Rules[table]))
 	}
-	if !b.known {
+	if b.sync.NeedFull {
 		return
 	}
 	nat := static.ruleCount(tableNAT) + b.appliedNAT

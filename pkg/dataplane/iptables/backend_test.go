@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -364,7 +365,7 @@ func TestStartOverUpstreamRules(t *testing.T) {
 	before := ruleSet(k)
 	_ = before
 
-	b, err := New(context.Background(), cfg, withCommander(k, FlavourLegacy), WithFlavour(FlavourLegacy), withEditor(k),
+	b, err := New(context.Background(), cfg, withCommander(k), WithFlavour(FlavourLegacy), withEditor(k),
 		WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
 	if err != nil {
 		t.Fatal(err)
@@ -489,8 +490,7 @@ func TestCleanupRemovesEverythingButKubeletsChains(t *testing.T) {
 	if f := k.restore("*filter\n:CNI-FORWARD - [0:0]\n-A FORWARD -j CNI-FORWARD\n:KUBE-KUBELET-CANARY - [0:0]\nCOMMIT\n"); f != nil {
 		t.Fatal(*f)
 	}
-	probe := inUseProbe{FlavourLegacy: true}
-	if err := cleanup(context.Background(), model.IPv4, k, probe); err != nil {
+	if err := cleanup(context.Background(), model.IPv4, k, kernelProbe{k}); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
 	for _, table := range []string{tableNAT, tableFilter, tableMangle} {
@@ -512,83 +512,6 @@ func TestCleanupRemovesEverythingButKubeletsChains(t *testing.T) {
 	}
 	if got := k.rules(tableFilter, "INPUT"); !slices.Contains(got, "-j KUBE-FIREWALL") {
 		t.Errorf("kubelet's jump was removed: %q", got)
-	}
-}
-
-type inUseProbe map[Flavour]bool
-
-func (p inUseProbe) inUse(f Flavour) bool                             { return p[f] }
-func (p inUseProbe) mangleHasHint(context.Context, Flavour) bool      { return false }
-func (p inUseProbe) chainCount(context.Context, Flavour) int          { return 0 }
-func (p inUseProbe) hasOwnedChains(_ context.Context, f Flavour) bool { return p[f] }
-
-func TestRestoreErrorLines(t *testing.T) {
-	for _, tc := range []struct {
-		out  string
-		want []int
-	}{
-		{"iptables-restore v1.8.9 (legacy): Couldn't load target `KUBE-X':No such file or directory\n\nError occurred at line: 4\nTry `iptables-restore -h'", []int{4}},
-		{"iptables-restore: line 8 failed", []int{8}},
-		{"iptables-nft-restore v1.8.9 (nf_tables): \nline 6: RULE_APPEND failed (Invalid argument): rule in chain KUBE-T2\nline 7: RULE_APPEND failed (Invalid argument): rule in chain KUBE-T1", []int{6, 7}},
-		{"Another app is currently holding the xtables lock.", nil},
-	} {
-		if got := restoreErrorLines(tc.out); !slices.Equal(got, tc.want) {
-			t.Errorf("restoreErrorLines(%q) = %v, want %v", tc.out, got, tc.want)
-		}
-	}
-}
-
-type scriptedProbe struct {
-	inuse map[Flavour]bool
-	hint  map[Flavour]bool
-	count map[Flavour]int
-}
-
-func (p scriptedProbe) inUse(f Flavour) bool                            { return p.inuse[f] }
-func (p scriptedProbe) mangleHasHint(_ context.Context, f Flavour) bool { return p.hint[f] }
-func (p scriptedProbe) chainCount(_ context.Context, f Flavour) int     { return p.count[f] }
-func (p scriptedProbe) hasOwnedChains(context.Context, Flavour) bool    { return false }
-
-func TestDetectFlavourFollowsKubeletThenRuleCountThenInstalled(t *testing.T) {
-	both := map[Flavour]bool{FlavourLegacy: true, FlavourNFT: true}
-	for _, tc := range []struct {
-		name      string
-		installed Flavour
-		probe     scriptedProbe
-		want      Flavour
-	}{
-		{"nothing anywhere: installed", FlavourNFT, scriptedProbe{}, FlavourNFT},
-		{"kubelet hint in legacy wins over installed nft", FlavourNFT, scriptedProbe{inuse: both, hint: map[Flavour]bool{FlavourLegacy: true}, count: map[Flavour]int{FlavourNFT: 100}}, FlavourLegacy},
-		{"more chains in legacy", FlavourNFT, scriptedProbe{inuse: both, count: map[Flavour]int{FlavourLegacy: 40, FlavourNFT: 12}}, FlavourLegacy},
-		{"more chains in nft", FlavourLegacy, scriptedProbe{inuse: both, count: map[Flavour]int{FlavourLegacy: 3, FlavourNFT: 12}}, FlavourNFT},
-		{"a flavour not in use is not counted", FlavourLegacy, scriptedProbe{inuse: map[Flavour]bool{FlavourLegacy: true}, count: map[Flavour]int{FlavourNFT: 99}}, FlavourLegacy},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			k := newFakeKernel(tc.installed)
-			got, err := detectFlavour(context.Background(), k, tc.probe, model.IPv4)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.flavour != tc.want {
-				t.Errorf("flavour %s (%s), want %s", got.flavour, got.reason, tc.want)
-			}
-		})
-	}
-}
-
-func TestToolNames(t *testing.T) {
-	for _, tc := range []struct {
-		family             model.IPFamily
-		flavour, installed Flavour
-		want               string
-	}{
-		{model.IPv4, FlavourNFT, FlavourNFT, "iptables-restore"},
-		{model.IPv4, FlavourLegacy, FlavourNFT, "iptables-legacy-restore"},
-		{model.IPv6, FlavourNFT, FlavourLegacy, "ip6tables-nft-restore"},
-	} {
-		if _, got, _ := toolNames(tc.family, tc.flavour, tc.installed); got != tc.want {
-			t.Errorf("toolNames(%v, %s, %s) = %s, want %s", tc.family, tc.flavour, tc.installed, got, tc.want)
-		}
 	}
 }
 
@@ -633,14 +556,14 @@ type lockedKernel struct{ *fakeKernel }
 
 func (l lockedKernel) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
 	if strings.HasSuffix(name, "-restore") {
-		return nil, []byte("Another app is currently holding the xtables lock. Stopped waiting after 30s.\n"), errFakeExit
+		return nil, []byte("Another app is currently holding the xtables lock. Stopped waiting after 30s.\n"), xtables.ErrExit
 	}
 	return l.fakeKernel.Run(ctx, name, args, stdin)
 }
 
 func TestLockTimeoutBlamesNoService(t *testing.T) {
 	k := newFakeKernel(FlavourLegacy)
-	b, err := New(context.Background(), testConfig(model.IPv4), withCommander(lockedKernel{k}, FlavourLegacy), WithFlavour(FlavourLegacy),
+	b, err := New(context.Background(), testConfig(model.IPv4), withCommander(lockedKernel{k}), WithFlavour(FlavourLegacy),
 		withEditor(k), WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}), withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup())
 	if err != nil {
 		t.Fatal(err)
@@ -651,5 +574,24 @@ func TestLockTimeoutBlamesNoService(t *testing.T) {
 	}
 	if !strings.Contains(res.Err.Error(), "xtables lock") {
 		t.Errorf("error does not say why: %v", res.Err)
+	}
+}
+
+// Every chain the backend writes is the iptables mode's by xtables' ownership rule, which
+// leftover removal and Cleanup go by.
+func TestEveryChainWrittenIsTheIPTablesModes(t *testing.T) {
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
+	mustApply(t, b, featureWorld().state(model.IPv4), full())
+	for _, table := range []string{tableNAT, tableFilter, tableMangle} {
+		for _, c := range k.chainNames(table, "KUBE-") {
+			if c != chainKubeletFirewall && !xtables.IPTablesModeChain(table, c) {
+				t.Errorf("%s: chain %s is not the iptables mode's", table, c)
+			}
+		}
+	}
+	for _, p := range []string{prefixClusterPolicy, prefixLocalPolicy, prefixExternal, prefixFirewall, prefixEndpoint} {
+		if !slices.Contains(xtables.ServiceChainPrefixes, p) {
+			t.Errorf("prefix %s is not in xtables.ServiceChainPrefixes", p)
+		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -164,7 +165,7 @@ func upstreamStyle(st *model.NodeState, changedSvc *types.NamespacedName, stale 
 	first := -1
 	for i, l := range lines {
 		if strings.HasPrefix(l, ":KUBE-S") || strings.HasPrefix(l, ":KUBE-E") || strings.HasPrefix(l, ":KUBE-F") {
-			if isServiceChain(strings.Fields(l[1:])[0]) {
+			if xtables.IsServiceChain(strings.Fields(l[1:])[0]) {
 				if first < 0 {
 					first = i
 				}
@@ -184,8 +185,7 @@ func BenchmarkUpstreamStyleRestore(b *testing.B) {
 	for _, f := range flavours {
 		for _, n := range []int{1000, 10000} {
 			st := scaleState(n, 10)
-			t := &tools{flavour: f, family: model.IPv4, waitSeconds: 30, cmd: execCommander{}}
-			t.iptables, t.restore, t.save = toolNames(model.IPv4, f, "")
+			t := xtables.NewTools(xtables.Exec{}, model.IPv4, f, "")
 			if f == FlavourLegacy {
 				b.Run(fmt.Sprintf("%s/%d/cold-full", f, n), func(b *testing.B) {
 					in := upstreamStyle(st, nil, nil)
@@ -194,7 +194,7 @@ func BenchmarkUpstreamStyleRestore(b *testing.B) {
 						wipeIPTables(b)
 						c0 := childCPU()
 						b.StartTimer()
-						if err := t.runRestore(context.Background(), in); err != nil {
+						if err := t.Restore(context.Background(), in); err != nil {
 							b.Fatal(err)
 						}
 						b.StopTimer()
@@ -218,7 +218,7 @@ func BenchmarkUpstreamStyleRestore(b *testing.B) {
 					in := upstreamStyle(next, &name, []string{old})
 					c0 := childCPU()
 					b.StartTimer()
-					if err := t.runRestore(context.Background(), in); err != nil {
+					if err := t.Restore(context.Background(), in); err != nil {
 						b.Fatal(err)
 					}
 					b.StopTimer()
@@ -253,8 +253,7 @@ func BenchmarkOneChangeFloor(b *testing.B) {
 				// The floor rewrites another Service's chain (the moving one's rules change
 				// with every iteration): the same size of input, the same table.
 				floor := oneChainRestore(b, f, prefixClusterPolicy+portHash("ns0/svc1:p80", "tcp"))
-				t := &tools{flavour: f, family: model.IPv4, waitSeconds: 30, cmd: execCommander{}}
-				t.iptables, t.restore, t.save = toolNames(model.IPv4, f, "")
+				t := xtables.NewTools(xtables.Exec{}, model.IPv4, f, "")
 				var syncWall, floorWall, syncCPU, floorCPU, canaryWall time.Duration
 				restores := 0
 				for i := 0; b.Loop(); i++ {
@@ -273,7 +272,7 @@ func BenchmarkOneChangeFloor(b *testing.B) {
 					}
 					canaryWall += time.Since(w0)
 					c0, w0 = childCPU(), time.Now()
-					if err := t.runRestore(context.Background(), floor); err != nil {
+					if err := t.Restore(context.Background(), floor); err != nil {
 						b.Fatal(err)
 					}
 					floorWall += time.Since(w0)

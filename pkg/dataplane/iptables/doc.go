@@ -4,8 +4,10 @@
 // in traffic.
 //
 // The rules come from a pure generator (render.go, plan.go) that turns the model into
-// iptables-restore text; a thin layer (restore.go, kernel.go) feeds it to
-// iptables-restore --noflush and uses go-iptables for the few rules in built-in chains.
+// iptables-restore text; apply.go feeds it to iptables-restore --noflush (partial and
+// full syncs, blaming a refused Service) and uses go-iptables for the few rules in
+// built-in chains; read.go reads the kernel back before a full sync; backend.go holds
+// the Backend and the decision between a partial and a full sync.
 // Partial syncs rewrite only what changed, a Service whose rules the kernel refuses is left
 // out without holding the others back, and both iptables flavours (legacy and nft) are
 // supported, including rulesets iptables-nft cannot load in one piece. README.md explains

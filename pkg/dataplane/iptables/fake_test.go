@@ -8,11 +8,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 )
 
 // fakeKernel is a stateful, validating stand-in for the iptables programs and the tables
-// they edit, so that the backend's apply logic runs without root. It implements commander
+// they edit, so that the backend's apply logic runs without root. It implements xtables.Commander
 // (iptables-restore, iptables-save, iptables --version) and ruleEditor, keeps tables of
 // chains of rules, commits each table of a restore atomically at COMMIT, and refuses what
 // the real programs refuse: rules in or jumping to missing chains, -D of a missing rule,
@@ -62,34 +63,6 @@ func newFakeKernel(f Flavour) *fakeKernel {
 		k.tables[name] = t
 	}
 	return k
-}
-
-// splitArgs splits a rule line into arguments, honouring double quotes as iptables-restore
-// does (the quotes are not part of the argument).
-func splitArgs(s string) []string {
-	var out []string
-	var cur strings.Builder
-	inQuote, have := false, false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			inQuote = !inQuote
-			have = true
-		case (r == ' ' || r == '\t') && !inQuote:
-			if have {
-				out = append(out, cur.String())
-				cur.Reset()
-				have = false
-			}
-		default:
-			cur.WriteRune(r)
-			have = true
-		}
-	}
-	if have {
-		out = append(out, cur.String())
-	}
-	return out
 }
 
 func (t *fakeTable) clone() *fakeTable {
@@ -197,7 +170,7 @@ func (k *fakeKernel) restore(input string) *restoreFailure {
 			}
 			continue
 		}
-		args := splitArgs(l)
+		args := xtables.SplitArgs(l)
 		if len(args) < 2 {
 			return &restoreFailure{line: n, msg: "bad line"}
 		}
@@ -281,7 +254,7 @@ func specOf(l string, hasPos bool) string {
 	return s
 }
 
-// Run implements commander.
+// Run implements xtables.Commander.
 func (k *fakeKernel) Run(_ context.Context, name string, args []string, stdin []byte) ([]byte, []byte, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -293,7 +266,7 @@ func (k *fakeKernel) Run(_ context.Context, name string, args []string, stdin []
 		if f := k.restore(string(stdin)); f != nil {
 			msg, code := k.format(*f, name)
 			_ = code
-			return nil, []byte(msg), errFakeExit
+			return nil, []byte(msg), xtables.ErrExit
 		}
 		return nil, nil, nil
 	case strings.HasSuffix(name, "-save"):
@@ -303,10 +276,10 @@ func (k *fakeKernel) Run(_ context.Context, name string, args []string, stdin []
 		}
 		return []byte(k.save(table)), nil, nil
 	}
-	return nil, []byte("fake: unknown program " + name), errFakeExit
+	return nil, []byte("fake: unknown program " + name), xtables.ErrExit
 }
 
-// LookPath implements commander.
+// LookPath implements xtables.Commander.
 func (k *fakeKernel) LookPath(name string) (string, error) { return "/usr/sbin/" + name, nil }
 
 // save prints tables as iptables-save does (chains sorted, rules as written).
@@ -500,18 +473,30 @@ func (noNFAcct) Packets(string) (uint64, error) {
 	return 0, fmt.Errorf("nfacct: operation not supported")
 }
 
-// fakeProbe says one flavour is in use with nothing in it.
+// fakeProbe says no flavour is in use.
 type fakeProbe struct{}
 
-func (fakeProbe) inUse(Flavour) bool                           { return false }
-func (fakeProbe) mangleHasHint(context.Context, Flavour) bool  { return false }
-func (fakeProbe) chainCount(context.Context, Flavour) int      { return 0 }
-func (fakeProbe) hasOwnedChains(context.Context, Flavour) bool { return false }
+func (fakeProbe) InUse(*xtables.Tools) bool { return false }
+func (fakeProbe) Chains(context.Context, *xtables.Tools) (map[string]map[string]bool, error) {
+	return nil, nil
+}
 
-func TestSplitArgsHonoursQuotes(t *testing.T) {
-	got := splitArgs(`-A KUBE-SERVICES -m comment --comment "ns/svc:p cluster IP" -j KUBE-SVC-X`)
-	want := []string{"-A", "KUBE-SERVICES", "-m", "comment", "--comment", "ns/svc:p cluster IP", "-j", "KUBE-SVC-X"}
-	if !slices.Equal(got, want) {
-		t.Fatalf("splitArgs = %q, want %q", got, want)
+// kernelProbe answers for the fake kernel: its flavour is in use, with its chains.
+type kernelProbe struct{ k *fakeKernel }
+
+func (p kernelProbe) InUse(t *xtables.Tools) bool { return t.Flavour == p.k.flavour }
+func (p kernelProbe) Chains(_ context.Context, t *xtables.Tools) (map[string]map[string]bool, error) {
+	if t.Flavour != p.k.flavour {
+		return nil, nil
 	}
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
+	out := map[string]map[string]bool{}
+	for name, table := range p.k.tables {
+		out[name] = map[string]bool{}
+		for c := range table.chains {
+			out[name][c] = true
+		}
+	}
+	return out, nil
 }

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -65,7 +66,7 @@ func newTestBackend(t testing.TB, cfg dataplane.Config, flavour Flavour, opts ..
 	k := newFakeKernel(flavour)
 	clock := &testClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	base := []Option{
-		withCommander(k, flavour), WithFlavour(flavour), withEditor(k), WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}),
+		withCommander(k), WithFlavour(flavour), withEditor(k), WithSysctls(fakeSysctl{}), withNFAcct(noNFAcct{}),
 		withProbe(fakeProbe{}), withSaveListing(), WithoutLeftoverCleanup(), WithClock(clock.now),
 		WithLocalAddresses(func() ([]netip.Addr, error) { return testLocalAddrs, nil }),
 	}
@@ -256,7 +257,7 @@ func assertConsistent(t testing.TB, k *fakeKernel) {
 			}
 		}
 		for cname := range table.chains {
-			if isServiceChain(cname) && !referenced[cname] {
+			if xtables.IsServiceChain(cname) && !referenced[cname] {
 				t.Errorf("%s: chain %s is not referenced", tname, cname)
 			}
 		}
@@ -282,7 +283,7 @@ func ruleSet(k *fakeKernel) map[string][]string {
 			for _, r := range ch.rules {
 				rules = append(rules, strings.Join(r.args, " "))
 			}
-			if !isServiceChain(cname) {
+			if !xtables.IsServiceChain(cname) {
 				slices.Sort(rules)
 			}
 			out[tname+"/"+cname] = rules

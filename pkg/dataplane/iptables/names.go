@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
-	"strings"
 )
 
 // Table names, as iptables spells them.
@@ -43,9 +42,9 @@ const (
 	chainKubeletFirewall = "KUBE-FIREWALL"
 )
 
-// Prefixes of the per-Service-port chains. Every chain whose name starts with one of them
-// belongs to sluice (or to upstream kube-proxy, which is the same thing here) and is deleted
-// when no longer used.
+// Prefixes of the per-Service-port chains (xtables.ServiceChainPrefixes). Every chain whose
+// name starts with one of them belongs to sluice (or to upstream kube-proxy, which is the
+// same thing here) and is deleted when no longer used.
 const (
 	prefixClusterPolicy = "KUBE-SVC-" // endpoints for Cluster traffic policy
 	prefixLocalPolicy   = "KUBE-SVL-" // endpoints for Local traffic policy
@@ -53,18 +52,6 @@ const (
 	prefixFirewall      = "KUBE-FW-"  // loadBalancerSourceRanges
 	prefixEndpoint      = "KUBE-SEP-" // one endpoint: hairpin masquerade, affinity, DNAT
 )
-
-var serviceChainPrefixes = []string{prefixClusterPolicy, prefixLocalPolicy, prefixExternal, prefixFirewall, prefixEndpoint}
-
-// isServiceChain reports whether chain is a per-Service-port chain of sluice or kube-proxy.
-func isServiceChain(chain string) bool {
-	for _, p := range serviceChainPrefixes {
-		if strings.HasPrefix(chain, p) {
-			return true
-		}
-	}
-	return false
-}
 
 // portHash returns upstream's 16-character chain suffix for a Service port:
 // base32(sha256(portName + protocol))[:16], where portName is "ns/name:port" ("ns/name" for
@@ -139,11 +126,3 @@ var (
 	filterTopChains = []string{chainServices, chainExternalServices, chainForward, chainNodePorts, chainProxyFirewall}
 	natTopChains    = []string{chainServices, chainNodePorts, chainPostrouting, chainMarkMasq}
 )
-
-// ipvsOnlyChains are chains of upstream's ipvs mode that the iptables mode does not use.
-// After switching from ipvs they are unreferenced leftovers; sluice removes them (and the
-// jumps into them) after its first full sync.
-var ipvsOnlyChains = map[string][]string{
-	tableNAT:    {"KUBE-NODE-PORT", "KUBE-LOAD-BALANCER"},
-	tableFilter: {"KUBE-NODE-PORT", "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER"},
-}

@@ -4,10 +4,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 )
@@ -94,4 +96,20 @@ func (c *nfacctCollector) Collect(ch chan<- prometheus.Metric) {
 	if n, err := c.client.Packets(nfacctLocalhostAccept); err == nil {
 		ch <- prometheus.MustNewConstMetric(metrics.LocalhostNodePortAcceptedPacketsDesc, prometheus.CounterValue, float64(n))
 	}
+}
+
+var nfacctRegistered atomic.Bool
+
+// registerNFAcct registers the collector once per process (both families share the
+// counters, as upstream's do).
+func registerNFAcct(c *nfacctCollector, logger klog.Logger) {
+	if !nfacctRegistered.CompareAndSwap(false, true) {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			logger.Error(fmt.Errorf("%v", r), "Could not register the nfacct metrics")
+		}
+	}()
+	metrics.MustRegisterCollector(c)
 }

@@ -202,232 +202,323 @@ func rejectTarget(p model.Protocol) string {
 }
 
 // renderPort appends one Service port's rules to s, following upstream's syncProxyRules
-// case by case.
+// case by case: decide where each kind of traffic goes, write the top-level rules (in
+// KUBE-SERVICES, KUBE-NODEPORTS and filter), then the port's own chains.
 func renderPort(rc *renderConfig, sp *model.ServicePort, s *serviceRules) {
+	pr := newPortRender(rc, sp, s)
+	pr.clusterIPRules()
+	pr.externalIPRules()
+	pr.loadBalancerRules()
+	pr.nodePortRules()
+	pr.healthCheckRule()
+	pr.clusterIPMasquerade()
+	pr.externalChainRules()
+	pr.firewallChainRules()
+	pr.policyChains()
+	pr.endpointChains()
+	for _, name := range pr.order {
+		s.natChains = append(s.natChains, chainRules{name: name, rules: pr.rules[name]})
+	}
+}
+
+// portRender holds one Service port's decisions while its rules are written.
+type portRender struct {
+	rc *renderConfig
+	sp *model.ServicePort
+	s  *serviceRules
+
+	portName, proto, port                                  string
+	clusterChain, localChain, externalChain, firewallChain string
+
+	hasEndpoints, usesClusterChain, usesLocalChain bool
+	// Internal (ClusterIP) traffic goes to internalChain when hasInternal.
+	internalChain string
+	hasInternal   bool
+	// External traffic always enters KUBE-EXT, which then picks externalPolicyChain.
+	externalPolicyChain string
+	hasExternal         bool
+	usesExternalChain   bool
+	usesFirewallChain   bool
+	// lbChain is where load-balancer IPs jump: KUBE-FW with source ranges, else KUBE-EXT.
+	lbChain string
+	// The targets and comments of traffic with nowhere to go (REJECT or DROP).
+	internalTarget, internalComment, externalTarget, externalComment string
+
+	// The port's chains, in upstream's order of creation, each with its rules.
+	rules map[string][]string
+	order []string
+}
+
+// newPortRender decides where each kind of traffic to the port goes.
+func newPortRender(rc *renderConfig, sp *model.ServicePort, s *serviceRules) *portRender {
 	portName := sp.Name.String()
 	proto := sp.Name.Protocol.Lower()
 	hash := portHash(portName, proto)
-	clusterChain := prefixClusterPolicy + hash
-	localChain := prefixLocalPolicy + hash
-	externalChain := prefixExternal + hash
-	firewallChain := prefixFirewall + hash
-	port := strconv.Itoa(int(sp.Port))
-
-	hasEndpoints := sp.HasAnyEndpoints
-	usesClusterChain := len(sp.ClusterEndpoints) > 0 && sp.UsesClusterEndpoints()
-	usesLocalChain := len(sp.LocalEndpoints) > 0 && sp.UsesLocalEndpoints()
-
-	// Internal (ClusterIP) traffic goes to the Cluster or the Local policy chain.
-	internalChain := clusterChain
-	hasInternal := hasEndpoints
+	pr := &portRender{
+		rc: rc, sp: sp, s: s,
+		portName:         portName,
+		proto:            proto,
+		port:             strconv.Itoa(int(sp.Port)),
+		clusterChain:     prefixClusterPolicy + hash,
+		localChain:       prefixLocalPolicy + hash,
+		externalChain:    prefixExternal + hash,
+		firewallChain:    prefixFirewall + hash,
+		hasEndpoints:     sp.HasAnyEndpoints,
+		usesClusterChain: len(sp.ClusterEndpoints) > 0 && sp.UsesClusterEndpoints(),
+		usesLocalChain:   len(sp.LocalEndpoints) > 0 && sp.UsesLocalEndpoints(),
+		rules:            map[string][]string{},
+	}
+	pr.internalChain, pr.hasInternal = pr.clusterChain, pr.hasEndpoints
 	if sp.InternalPolicyLocal {
-		internalChain = localChain
+		pr.internalChain = pr.localChain
 		if len(sp.LocalEndpoints) == 0 {
-			hasInternal = false
+			pr.hasInternal = false
 		}
 	}
-	// External traffic always enters KUBE-EXT, which then picks the policy chain.
-	externalPolicyChain := clusterChain
-	hasExternal := hasEndpoints
+	pr.externalPolicyChain, pr.hasExternal = pr.clusterChain, pr.hasEndpoints
 	if sp.ExternalPolicyLocal {
-		externalPolicyChain = localChain
+		pr.externalPolicyChain = pr.localChain
 		if len(sp.LocalEndpoints) == 0 {
-			hasExternal = false
+			pr.hasExternal = false
 		}
 	}
 	// KUBE-EXT exists whenever there are endpoints anywhere, even none usable for external
 	// traffic: its short-circuit rules still serve pods and the node itself.
-	usesExternalChain := hasEndpoints && sp.ExternallyAccessible()
-	usesFirewallChain := hasEndpoints && len(sp.LoadBalancerVIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0
-	lbChain := externalChain
-	if usesFirewallChain {
-		lbChain = firewallChain
+	pr.usesExternalChain = pr.hasEndpoints && sp.ExternallyAccessible()
+	pr.usesFirewallChain = pr.hasEndpoints && len(sp.LoadBalancerVIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0
+	pr.lbChain = pr.externalChain
+	if pr.usesFirewallChain {
+		pr.lbChain = pr.firewallChain
 	}
+	pr.decideTargets()
+	return pr
+}
 
-	var internalTarget, internalComment, externalTarget, externalComment string
-	if !hasEndpoints {
-		internalTarget, externalTarget = rejectTarget(sp.Name.Protocol), rejectTarget(sp.Name.Protocol)
-		internalComment = quoted(portName + " has no endpoints")
-		externalComment = internalComment
+// decideTargets picks REJECT (no endpoints at all; a TCP reset for TCP, see rejectTarget)
+// or DROP (no local endpoints for a Local policy) for traffic with nowhere to go.
+func (pr *portRender) decideTargets() {
+	if !pr.hasEndpoints {
+		pr.internalTarget, pr.externalTarget = rejectTarget(pr.sp.Name.Protocol), rejectTarget(pr.sp.Name.Protocol)
+		pr.internalComment = quoted(pr.portName + " has no endpoints")
+		pr.externalComment = pr.internalComment
+		return
+	}
+	if !pr.hasInternal {
+		pr.internalTarget = "DROP"
+		pr.internalComment = quoted(pr.portName + " has no local endpoints")
+		pr.s.noLocalInternal++
+	}
+	if !pr.hasExternal {
+		pr.externalTarget = "DROP"
+		pr.externalComment = quoted(pr.portName + " has no local endpoints")
+		pr.s.noLocalExternal++
+	}
+}
+
+func (pr *portRender) nat(chain string, l *line) {
+	pr.s.natTop = append(pr.s.natTop, topRule{chain, l.String()})
+}
+
+func (pr *portRender) filter(chain string, l *line) {
+	pr.s.filterTop = append(pr.s.filterTop, topRule{chain, l.String()})
+}
+
+// dst starts a rule matching the port on destination ip.
+func (pr *portRender) dst(ip netip.Addr, comment string) *line {
+	return (&line{}).add("-m", "comment", "--comment", comment, "-m", pr.proto, "-p", pr.proto, "-d", ip.String(), "--dport", pr.port)
+}
+
+// add appends a rule to one of the port's chains, creating it on first use.
+func (pr *portRender) add(name string, l *line) {
+	if _, ok := pr.rules[name]; !ok {
+		pr.order = append(pr.order, name)
+	}
+	pr.rules[name] = append(pr.rules[name], "-A "+name+" "+l.String())
+}
+
+// declare creates one of the port's chains, empty if nothing is added to it.
+func (pr *portRender) declare(name string) {
+	if _, ok := pr.rules[name]; !ok {
+		pr.order = append(pr.order, name)
+		pr.rules[name] = nil
+	}
+}
+
+func (pr *portRender) clusterIPRules() {
+	sp := pr.sp
+	if pr.hasInternal {
+		pr.nat(chainServices, pr.dst(sp.ClusterIP, quoted(pr.portName+" cluster IP")).add("-j", pr.internalChain))
 	} else {
-		if !hasInternal {
-			internalTarget = "DROP"
-			internalComment = quoted(portName + " has no local endpoints")
-			s.noLocalInternal++
+		pr.filter(chainServices, pr.dst(sp.ClusterIP, pr.internalComment).add("-j", pr.internalTarget))
+	}
+}
+
+func (pr *portRender) externalIPRules() {
+	for _, ip := range pr.sp.ExternalIPs {
+		if pr.hasEndpoints {
+			pr.nat(chainServices, pr.dst(ip, quoted(pr.portName+" external IP")).add("-j", pr.externalChain))
 		}
-		if !hasExternal {
-			externalTarget = "DROP"
-			externalComment = quoted(portName + " has no local endpoints")
-			s.noLocalExternal++
+		if !pr.hasExternal {
+			pr.filter(chainExternalServices, pr.dst(ip, pr.externalComment).add("-j", pr.externalTarget))
 		}
 	}
+}
 
-	nat := func(chain string, l *line) { s.natTop = append(s.natTop, topRule{chain, l.String()}) }
-	filter := func(chain string, l *line) { s.filterTop = append(s.filterTop, topRule{chain, l.String()}) }
-	dst := func(ip netip.Addr, comment string) *line {
-		return (&line{}).add("-m", "comment", "--comment", comment, "-m", proto, "-p", proto, "-d", ip.String(), "--dport", port)
+func (pr *portRender) loadBalancerRules() {
+	for _, ip := range pr.sp.LoadBalancerVIPs {
+		if pr.hasEndpoints {
+			pr.nat(chainServices, pr.dst(ip, quoted(pr.portName+" loadbalancer IP")).add("-j", pr.lbChain))
+		}
+		if pr.usesFirewallChain {
+			pr.filter(chainProxyFirewall, pr.dst(ip, quoted(pr.portName+" traffic not accepted by "+pr.firewallChain)).add("-j", "DROP"))
+		}
 	}
+	if !pr.hasExternal {
+		for _, ip := range pr.sp.LoadBalancerVIPs {
+			pr.filter(chainExternalServices, pr.dst(ip, pr.externalComment).add("-j", pr.externalTarget))
+		}
+	}
+}
 
-	// ClusterIP.
-	if hasInternal {
-		nat(chainServices, dst(sp.ClusterIP, quoted(portName+" cluster IP")).add("-j", internalChain))
+// nodePortRules: NodePorts are not subject to loadBalancerSourceRanges (upstream: "for
+// better or for worse ... and we can't change that").
+func (pr *portRender) nodePortRules() {
+	if pr.sp.NodePort == 0 {
+		return
+	}
+	portName, proto := pr.portName, pr.proto
+	nodePort := strconv.Itoa(int(pr.sp.NodePort))
+	if pr.hasEndpoints {
+		if pr.rc.localhostNodePorts && pr.rc.nfacct {
+			pr.nat(chainNodePorts, (&line{}).add("-m", "comment", "--comment", portName, "-m", proto, "-p", proto,
+				"-d", "127.0.0.0/8", "--dport", nodePort, "-m", "nfacct", "--nfacct-name", nfacctLocalhostAccept, "-j", pr.externalChain))
+		}
+		pr.nat(chainNodePorts, (&line{}).add("-m", "comment", "--comment", portName, "-m", proto, "-p", proto,
+			"--dport", nodePort, "-j", pr.externalChain))
+	}
+	if !pr.hasExternal {
+		pr.filter(chainExternalServices, (&line{}).add("-m", "comment", "--comment", pr.externalComment,
+			"-m", "addrtype", "--dst-type", "LOCAL", "-m", proto, "-p", proto, "--dport", nodePort, "-j", pr.externalTarget))
+	}
+}
+
+// healthCheckRule: the healthCheckNodePort is accepted whether or not there are local
+// endpoints.
+func (pr *portRender) healthCheckRule() {
+	if pr.sp.HealthCheckNodePort == 0 {
+		return
+	}
+	pr.filter(chainNodePorts, (&line{}).add("-m", "comment", "--comment", quoted(pr.portName+" health check node port"),
+		"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(pr.sp.HealthCheckNodePort)), "-j", "ACCEPT"))
+}
+
+// clusterIPMasquerade masquerades off-node (or all, with masqueradeAll) traffic to the
+// ClusterIP.
+func (pr *portRender) clusterIPMasquerade() {
+	if !pr.hasInternal {
+		return
+	}
+	base := pr.dst(pr.sp.ClusterIP, quoted(pr.portName+" cluster IP"))
+	if pr.rc.masqueradeAll {
+		pr.add(pr.internalChain, base.add("-j", chainMarkMasq))
+	} else if pr.rc.ifNotLocal != nil {
+		pr.add(pr.internalChain, base.add(pr.rc.ifNotLocal...).add("-j", chainMarkMasq))
+	}
+}
+
+// externalChainRules writes KUBE-EXT: masquerade, short-circuits for pods and the node under
+// a Local policy, then the policy chain.
+func (pr *portRender) externalChainRules() {
+	if !pr.usesExternalChain {
+		return
+	}
+	ext, portName := pr.externalChain, pr.portName
+	pr.declare(ext)
+	if !pr.sp.ExternalPolicyLocal {
+		pr.add(ext, (&line{}).add("-m", "comment", "--comment", quoted("masquerade traffic for "+portName+" external destinations"),
+			"-j", chainMarkMasq))
 	} else {
-		filter(chainServices, dst(sp.ClusterIP, internalComment).add("-j", internalTarget))
+		if pr.rc.ifLocal != nil {
+			// Pods reaching an external destination of the Service are treated like
+			// going out to the load balancer and back: Cluster policy.
+			pr.add(ext, (&line{}).add("-m", "comment", "--comment", quoted("pod traffic for "+portName+" external destinations")).
+				add(pr.rc.ifLocal...).add("-j", pr.clusterChain))
+		}
+		// The node itself: its source address is local, so masquerade, then Cluster.
+		pr.add(ext, (&line{}).add("-m", "comment", "--comment", quoted("masquerade LOCAL traffic for "+portName+" external destinations"),
+			"-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq))
+		pr.add(ext, (&line{}).add("-m", "comment", "--comment", quoted("route LOCAL traffic for "+portName+" external destinations"),
+			"-m", "addrtype", "--src-type", "LOCAL", "-j", pr.clusterChain))
 	}
+	if pr.hasExternal {
+		pr.add(ext, (&line{}).add("-j", pr.externalPolicyChain))
+	}
+}
 
-	// externalIPs.
-	for _, ip := range sp.ExternalIPs {
-		if hasEndpoints {
-			nat(chainServices, dst(ip, quoted(portName+" external IP")).add("-j", externalChain))
-		}
-		if !hasExternal {
-			filter(chainExternalServices, dst(ip, externalComment).add("-j", externalTarget))
+// firewallChainRules writes KUBE-FW: the allowed source ranges jump to KUBE-EXT.
+func (pr *portRender) firewallChainRules() {
+	if !pr.usesFirewallChain {
+		return
+	}
+	fw, sp := pr.firewallChain, pr.sp
+	pr.declare(fw)
+	comment := quoted(pr.portName + " loadbalancer IP")
+	allowFromNode := false
+	for _, cidr := range sp.LoadBalancerSourceRanges {
+		pr.add(fw, (&line{}).add("-m", "comment", "--comment", comment, "-s", cidr.String(), "-j", pr.externalChain))
+		if pr.rc.nodeIP.IsValid() && cidr.Contains(pr.rc.nodeIP) {
+			allowFromNode = true
 		}
 	}
-
-	// LoadBalancer IPs.
-	for _, ip := range sp.LoadBalancerVIPs {
-		if hasEndpoints {
-			nat(chainServices, dst(ip, quoted(portName+" loadbalancer IP")).add("-j", lbChain))
-		}
-		if usesFirewallChain {
-			filter(chainProxyFirewall, dst(ip, quoted(portName+" traffic not accepted by "+firewallChain)).add("-j", "DROP"))
-		}
-	}
-	if !hasExternal {
+	if allowFromNode {
+		// A VIP that is a local address loops back with the VIP as source.
 		for _, ip := range sp.LoadBalancerVIPs {
-			filter(chainExternalServices, dst(ip, externalComment).add("-j", externalTarget))
+			pr.add(fw, (&line{}).add("-m", "comment", "--comment", comment, "-s", ip.String(), "-j", pr.externalChain))
 		}
 	}
+	// A packet reaching the end was not DNATed: KUBE-PROXY-FIREWALL drops it.
+	pr.add(fw, (&line{}).add("-m", "comment", "--comment", quoted("other traffic to "+pr.portName+" will be dropped by KUBE-PROXY-FIREWALL")))
+}
 
-	// NodePort. NodePorts are not subject to loadBalancerSourceRanges (upstream: "for
-	// better or for worse ... and we can't change that").
-	if sp.NodePort != 0 {
-		nodePort := strconv.Itoa(int(sp.NodePort))
-		if hasEndpoints {
-			if rc.localhostNodePorts && rc.nfacct {
-				nat(chainNodePorts, (&line{}).add("-m", "comment", "--comment", portName, "-m", proto, "-p", proto,
-					"-d", "127.0.0.0/8", "--dport", nodePort, "-m", "nfacct", "--nfacct-name", nfacctLocalhostAccept, "-j", externalChain))
-			}
-			nat(chainNodePorts, (&line{}).add("-m", "comment", "--comment", portName, "-m", proto, "-p", proto,
-				"--dport", nodePort, "-j", externalChain))
-		}
-		if !hasExternal {
-			filter(chainExternalServices, (&line{}).add("-m", "comment", "--comment", externalComment,
-				"-m", "addrtype", "--dst-type", "LOCAL", "-m", proto, "-p", proto, "--dport", nodePort, "-j", externalTarget))
+// policyChains writes KUBE-SVC and KUBE-SVL: the jumps to the endpoints.
+func (pr *portRender) policyChains() {
+	sp := pr.sp
+	if pr.usesClusterChain {
+		pr.declare(pr.clusterChain)
+		for _, l := range endpointJumps(pr.rc, sp, pr.portName, pr.proto, sp.ClusterEndpoints) {
+			pr.add(pr.clusterChain, l)
 		}
 	}
+	if pr.usesLocalChain {
+		pr.declare(pr.localChain)
+		for _, l := range endpointJumps(pr.rc, sp, pr.portName, pr.proto, sp.LocalEndpoints) {
+			pr.add(pr.localChain, l)
+		}
+	}
+}
 
-	// healthCheckNodePort: accepted whether or not there are local endpoints.
-	if sp.HealthCheckNodePort != 0 {
-		filter(chainNodePorts, (&line{}).add("-m", "comment", "--comment", quoted(portName+" health check node port"),
-			"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(sp.HealthCheckNodePort)), "-j", "ACCEPT"))
-	}
-
-	// Per-port chains, in upstream's order of creation, each with its rules.
-	rules := map[string][]string{}
-	var order []string
-	add := func(name string, l *line) {
-		if _, ok := rules[name]; !ok {
-			order = append(order, name)
-		}
-		rules[name] = append(rules[name], "-A "+name+" "+l.String())
-	}
-	declare := func(name string) {
-		if _, ok := rules[name]; !ok {
-			order = append(order, name)
-			rules[name] = nil
-		}
-	}
-
-	// Masquerade off-node (or all, with masqueradeAll) traffic to the ClusterIP.
-	if hasInternal {
-		base := dst(sp.ClusterIP, quoted(portName+" cluster IP"))
-		if rc.masqueradeAll {
-			add(internalChain, base.add("-j", chainMarkMasq))
-		} else if rc.ifNotLocal != nil {
-			add(internalChain, base.add(rc.ifNotLocal...).add("-j", chainMarkMasq))
-		}
-	}
-
-	if usesExternalChain {
-		declare(externalChain)
-		if !sp.ExternalPolicyLocal {
-			add(externalChain, (&line{}).add("-m", "comment", "--comment", quoted("masquerade traffic for "+portName+" external destinations"),
-				"-j", chainMarkMasq))
-		} else {
-			if rc.ifLocal != nil {
-				// Pods reaching an external destination of the Service are treated like
-				// going out to the load balancer and back: Cluster policy.
-				add(externalChain, (&line{}).add("-m", "comment", "--comment", quoted("pod traffic for "+portName+" external destinations")).
-					add(rc.ifLocal...).add("-j", clusterChain))
-			}
-			// The node itself: its source address is local, so masquerade, then Cluster.
-			add(externalChain, (&line{}).add("-m", "comment", "--comment", quoted("masquerade LOCAL traffic for "+portName+" external destinations"),
-				"-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq))
-			add(externalChain, (&line{}).add("-m", "comment", "--comment", quoted("route LOCAL traffic for "+portName+" external destinations"),
-				"-m", "addrtype", "--src-type", "LOCAL", "-j", clusterChain))
-		}
-		if hasExternal {
-			add(externalChain, (&line{}).add("-j", externalPolicyChain))
-		}
-	}
-
-	if usesFirewallChain {
-		declare(firewallChain)
-		comment := quoted(portName + " loadbalancer IP")
-		allowFromNode := false
-		for _, cidr := range sp.LoadBalancerSourceRanges {
-			add(firewallChain, (&line{}).add("-m", "comment", "--comment", comment, "-s", cidr.String(), "-j", externalChain))
-			if rc.nodeIP.IsValid() && cidr.Contains(rc.nodeIP) {
-				allowFromNode = true
-			}
-		}
-		if allowFromNode {
-			// A VIP that is a local address loops back with the VIP as source.
-			for _, ip := range sp.LoadBalancerVIPs {
-				add(firewallChain, (&line{}).add("-m", "comment", "--comment", comment, "-s", ip.String(), "-j", externalChain))
-			}
-		}
-		// A packet reaching the end was not DNATed: KUBE-PROXY-FIREWALL drops it.
-		add(firewallChain, (&line{}).add("-m", "comment", "--comment", quoted("other traffic to "+portName+" will be dropped by KUBE-PROXY-FIREWALL")))
-	}
-
-	if usesClusterChain {
-		declare(clusterChain)
-		for _, l := range endpointJumps(rc, sp, portName, proto, sp.ClusterEndpoints) {
-			add(clusterChain, l)
-		}
-	}
-	if usesLocalChain {
-		declare(localChain)
-		for _, l := range endpointJumps(rc, sp, portName, proto, sp.LocalEndpoints) {
-			add(localChain, l)
-		}
-	}
-
-	for _, ep := range reachableEndpoints(sp, usesClusterChain, usesLocalChain) {
+// endpointChains writes one KUBE-SEP chain per reachable endpoint: hairpin masquerade,
+// then DNAT.
+func (pr *portRender) endpointChains() {
+	sp, proto := pr.sp, pr.proto
+	for _, ep := range reachableEndpoints(sp, pr.usesClusterChain, pr.usesLocalChain) {
 		epString := ep.String()
-		sep := endpointChain(portName, proto, epString)
-		declare(sep)
+		sep := endpointChain(pr.portName, proto, epString)
+		pr.declare(sep)
 		base := func() *line {
 			l := &line{}
-			if !rc.largeCluster {
-				l.add("-m", "comment", "--comment", portName)
+			if !pr.rc.largeCluster {
+				l.add("-m", "comment", "--comment", pr.portName)
 			}
 			return l
 		}
 		// Hairpin: an endpoint reaching itself through the Service must be masqueraded.
-		add(sep, base().add("-s", ep.IP.String(), "-j", chainMarkMasq))
+		pr.add(sep, base().add("-s", ep.IP.String(), "-j", chainMarkMasq))
 		l := base()
 		if sp.AffinityTimeoutSeconds > 0 {
 			l.add("-m", "recent", "--name", sep, "--set")
 		}
-		add(sep, l.add("-m", proto, "-p", proto, "-j", "DNAT", "--to-destination", epString))
-	}
-
-	for _, name := range order {
-		s.natChains = append(s.natChains, chainRules{name: name, rules: rules[name]})
+		pr.add(sep, l.add("-m", proto, "-p", proto, "-j", "DNAT", "--to-destination", epString))
 	}
 }
 

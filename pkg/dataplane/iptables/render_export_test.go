@@ -102,7 +102,7 @@ func TestRenderIsWhatAFullSyncProgramsOnAnEmptyKernel(t *testing.T) {
 					program = "ip6tables"
 				}
 				log := &commandLog{fakeKernel: k, program: program}
-				b, _, _ := newTestBackend(t, cfg, flavour, append([]Option{withCommander(k, flavour), withEditor(log)}, tc.backend...)...)
+				b, _, _ := newTestBackend(t, cfg, flavour, append([]Option{withCommander(k), withEditor(log)}, tc.backend...)...)
 				mustApply(t, b, state, full())
 				if len(k.restores) != 1 {
 					t.Fatalf("the full sync ran %d restores, want 1", len(k.restores))

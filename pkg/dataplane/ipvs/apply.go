@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 )
 
@@ -109,7 +110,10 @@ func (b *Backend) writeRules(ctx context.Context, p *plan, full bool) error {
 		if err != nil {
 			return fmt.Errorf("read iptables rules: %w", err)
 		}
-		parsed := parseSave(saved)
+		parsed, err := xtables.ParseSave(saved)
+		if err != nil {
+			return err
+		}
 		fixes = planFixes(parsed)
 		if b.drift != nil && b.rules != "" {
 			ruleDrift(b.drift, parsed, b.ruleCounts, fixes)

@@ -14,6 +14,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fullsync"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -45,11 +47,12 @@ type Backend struct {
 	logger   klog.Logger
 	now      func() time.Time
 
-	ipvs    ipvsKernel
-	links   linkKernel
-	sets    ipsetKernel
-	ipt     iptablesRunner
-	other   iptablesRunner // the other iptables flavour, when installed (leftover removal)
+	ipvs  ipvsKernel
+	links linkKernel
+	sets  ipsetKernel
+	ipt   xtables.Runner
+	// tools are ipt's programs (nil when a test gives ipt), for leftover removal.
+	tools   *xtables.Tools
 	flavour Flavour
 	opts    options
 
@@ -67,12 +70,10 @@ type Backend struct {
 	// drift collects, during a full sync that trusts the index, what the kernel holds
 	// differently from what the backend wrote.
 	drift *dataplane.Drift
-	// idxTrusted is set after a sync that did not fail as a whole: idx's records are then
-	// what the kernel holds for each Service (the last good versions).
-	idxTrusted    bool
-	needFull      bool
-	lastFull      time.Time
-	leftoversDone bool
+	// sync decides whether the next sync is full (and removes leftovers once). While
+	// !sync.NeedFull (after a sync that did not fail as a whole) idx's records are what
+	// the kernel holds for each Service (the last good versions).
+	sync fullsync.State
 
 	stats ApplyStats
 }
@@ -89,20 +90,19 @@ type options struct {
 
 	// Seams for tests.
 	supported func() (bool, error)
-	kernel    func() (kernelVersion, error)
+	kernel    func() (hostnet.KernelVersion, error)
 	ipvs      ipvsKernel
 	links     linkKernel
 	sets      ipsetKernel
-	ipt       iptablesRunner
+	ipt       xtables.Runner
 	sysctl    hostnet.Sysctls
-	nftTables func(model.IPFamily) (bool, error)
 	// fault picks operations to write in a form the kernel rejects (rejectedByKernel):
 	// tests of a rejected update against the real kernel.
 	fault func(op) bool
 }
 
-// WithoutLeftoverCleanup keeps other modes' leftovers (the nftables mode's table, the
-// iptables mode's chains in the other iptables flavour).
+// WithoutLeftoverCleanup keeps other modes' leftovers (leftovers.RemoveOtherModes) after
+// the first sync.
 func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
 
 // WithFlavour forces the iptables flavour instead of detecting it.
@@ -147,7 +147,7 @@ func checkInputs(cfg dataplane.Config, settings Settings) (Settings, error) {
 // kube-proxy's): the first Apply reads them and converges them, so traffic keeps flowing
 // across a restart or a switch from kube-proxy's ipvs mode.
 func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...Option) (*Backend, error) {
-	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: runningKernel, nftTables: leftovers.DeleteNFTablesTable}
+	o := options{now: time.Now, supported: KernelSupportsIPVS, kernel: hostnet.RunningKernel}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -167,7 +167,7 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 		cfg: cfg, settings: settings, logger: logger, now: o.now, opts: o,
 		idx:      newDesiredIndex(),
 		draining: map[vsKey]types.NamespacedName{},
-		needFull: true,
+		sync:     fullsync.New(!o.skipLeftovers),
 	}
 
 	b.ipvs, b.links, b.sets = o.ipvs, o.links, o.sets
@@ -207,23 +207,12 @@ func New(ctx context.Context, cfg dataplane.Config, settings Settings, opts ...O
 	if o.ipt != nil {
 		b.ipt, b.flavour = o.ipt, o.flavour
 	} else {
-		use, runners, reason, err := iptablesFlavours(ctx, cfg.Family)
+		tools, choice, err := xtables.Choose(ctx, xtables.Exec{}, xtables.SystemProbe{}, cfg.Family, o.flavour)
 		if err != nil {
 			return nil, fmt.Errorf("ipvs backend needs iptables for its masquerade and filter rules: %w", err)
 		}
-		if o.flavour != "" {
-			if runners[o.flavour] == nil {
-				return nil, fmt.Errorf("iptables flavour %s is not installed", o.flavour)
-			}
-			use, reason = o.flavour, "configured"
-		}
-		b.ipt, b.flavour = runners[use], use
-		for f, r := range runners {
-			if f != use {
-				b.other = r
-			}
-		}
-		logger.Info("Using iptables for the rules around IPVS", "flavour", use, "reason", reason)
+		b.ipt, b.tools, b.flavour = tools, tools, choice.Flavour
+		logger.Info("Using iptables for the rules around IPVS", "flavour", choice.Flavour, "reason", choice.Reason)
 	}
 	logger.V(2).Info("Using IPVS", "kernel", kv.String(), "scheduler", settings.Scheduler, "connReuseMode", connReuseMode(kv), "excludeCIDRs", settings.ExcludeCIDRs)
 	return b, nil
@@ -290,6 +279,8 @@ func (b *Backend) Flavour() Flavour { return b.flavour }
 // ApplyStats describes the last Apply, for tests, benchmarks and diagnostics.
 type ApplyStats struct {
 	Full bool
+	// Reason says why the sync was full ("" for partial).
+	Reason string
 	// Operations counts the kernel operations run, by kind ("add-vs", "delete-rs" ...).
 	Operations map[string]int
 	// DestinationReads counts the real-server listings (one netlink dump each).
@@ -323,25 +314,27 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 // Result.Failed; the others are programmed regardless.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.now()
-	full := changes.Full || b.needFull || b.view == nil ||
-		(b.cfg.SyncPeriod > 0 && start.Sub(b.lastFull) >= b.cfg.SyncPeriod)
-	b.stats = ApplyStats{Full: full, Operations: map[string]int{}}
+	reason := b.sync.Reason(changes.Full, start, b.cfg.SyncPeriod)
+	if reason == "" && b.view == nil {
+		reason = fullsync.ReasonFirst
+	}
+	full := reason != ""
+	b.stats = ApplyStats{Full: full, Reason: reason, Operations: map[string]int{}}
 	defer func() { b.stats.Duration = b.now().Sub(start) }()
 
 	var scope sets.Set[types.NamespacedName]
 	records := map[types.NamespacedName]*serviceRecord{}
 	var previousOwners map[vsKey]types.NamespacedName
 	// good remembers the Services' records before this sync, to put a rejected one back.
-	good := &lastGood{records: b.idx.records, known: b.idxTrusted}
+	good := &lastGood{records: b.idx.records, known: !b.sync.NeedFull}
 	b.drift = nil
 	if full {
 		hadLink := b.view != nil && b.view.linkExists
 		if err := b.readKernel(ctx, desired); err != nil {
-			b.needFull = true
-			b.idxTrusted = false
+			b.sync.Failed()
 			return dataplane.Result{Err: err, Full: true}
 		}
-		if b.idxTrusted {
+		if b.sync.Trusted() {
 			b.drift = b.driftOf(b.view, hadLink)
 		}
 		// A full sync recomputes every record from scratch, remembering only who held
@@ -382,8 +375,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 			good.records[name] = b.idx.records[name]
 		}
 		if err := b.readDestinations(scope, records); err != nil {
-			b.needFull = true
-			b.idxTrusted = false
+			b.sync.Failed()
 			return dataplane.Result{Err: err}
 		}
 	}
@@ -411,146 +403,18 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		b.drift.Report(b.logger, dataplane.ModeIPVS, b.cfg.Family)
 		b.drift = nil
 	}
-	b.idxTrusted = res.Err == nil
 	if res.Err != nil {
-		b.needFull = true
+		b.sync.Failed()
 	} else if full {
-		b.needFull = false
-		b.lastFull = start
-		if !b.leftoversDone {
-			b.removeLeftovers(ctx)
-			b.leftoversDone = true
+		b.sync.FullSynced(start)
+		if b.sync.LeftoversDue() {
+			leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPVS, b.cfg.Family, b.tools)
 		}
 	}
 	b.stats.Draining = len(b.draining)
-	b.logger.V(2).Info("Synced IPVS", "full", full, "servicesInScope", scope.Len(), "operations", b.stats.TotalOperations(),
+	b.logger.V(2).Info("Synced IPVS", "full", full, "reason", reason, "servicesInScope", scope.Len(), "operations", b.stats.TotalOperations(),
 		"destinationReads", b.stats.DestinationReads, "failedServices", len(res.Failed), "draining", len(b.draining), "elapsed", b.now().Sub(start).Seconds())
 	return res
-}
-
-// readKernel reads everything a full sync converges: virtual servers with their real
-// servers, the dummy device's addresses, the node's addresses and the ipsets.
-func (b *Backend) readKernel(ctx context.Context, desired *model.NodeState) error {
-	v := newKernelView()
-	all, err := b.ipvs.Services()
-	if err != nil {
-		return fmt.Errorf("read IPVS services: %w", err)
-	}
-	for k, p := range all {
-		if model.FamilyOf(k.Addr) == b.cfg.Family {
-			v.services[k] = p
-		}
-	}
-	for k := range v.services {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		dests, err := b.ipvs.Destinations(k)
-		if err != nil {
-			if errors.Is(err, errNotExist) {
-				delete(v.services, k)
-				continue
-			}
-			return fmt.Errorf("read IPVS real servers: %w", err)
-		}
-		v.dests[k] = dests
-		b.stats.DestinationReads++
-	}
-
-	exists, addrs, err := b.links.Dummy(dummyDevice)
-	if err != nil {
-		return err
-	}
-	v.linkExists = exists
-	for _, a := range addrs {
-		if model.FamilyOf(a) == b.cfg.Family && !a.IsLinkLocalUnicast() {
-			v.bound[a] = true
-		}
-	}
-
-	for id := ipsetID(0); id < numIPSets; id++ {
-		ks, err := b.sets.List(ipsetName(id, b.cfg.Family))
-		if err != nil {
-			if errors.Is(err, errNotExist) {
-				continue
-			}
-			return fmt.Errorf("read ipsets: %w", err)
-		}
-		v.sets[id] = ks
-	}
-
-	local, err := b.links.Addrs()
-	if err != nil {
-		return fmt.Errorf("read node addresses: %w", err)
-	}
-	b.env = b.makeEnv(local, desired)
-	b.view = v
-	b.draining = map[vsKey]types.NamespacedName{}
-	return nil
-}
-
-// makeEnv derives the addresses Services depend on from the node's addresses.
-func (b *Backend) makeEnv(local []linkAddr, desired *model.NodeState) *planEnv {
-	env := &planEnv{family: b.cfg.Family, scheduler: b.settings.Scheduler, localAddrs: map[netip.Addr]bool{}}
-	if ips := desired.Node.IPsOf(b.cfg.Family); len(ips) > 0 {
-		env.nodeIP = ips[0]
-	}
-	np := map[netip.Addr]bool{}
-	for _, la := range local {
-		if la.link == dummyDevice || model.FamilyOf(la.addr) != b.cfg.Family {
-			continue
-		}
-		env.localAddrs[la.addr] = true
-		if la.addr.IsLoopback() || la.addr.IsLinkLocalUnicast() {
-			continue
-		}
-		if !b.cfg.NodePortAddresses.MatchAll {
-			match := false
-			for _, c := range b.cfg.NodePortAddresses.CIDRs {
-				if c.Contains(la.addr) {
-					match = true
-				}
-			}
-			if !match {
-				continue
-			}
-		}
-		np[la.addr] = true
-	}
-	env.nodePortIPs = sortedAddrs(np)
-	return env
-}
-
-// readDestinations reads the real servers of every virtual server that the Services in
-// scope want or hold, for a partial sync.
-func (b *Backend) readDestinations(scope sets.Set[types.NamespacedName], records map[types.NamespacedName]*serviceRecord) error {
-	want := map[vsKey]bool{}
-	for name := range scope {
-		for _, d := range records[name].vssOrNil() {
-			want[d.key] = true
-		}
-		for k := range b.idx.ownedBy[name] {
-			want[k] = true
-		}
-	}
-	b.view.dests = map[vsKey][]realServer{}
-	for k := range want {
-		if _, ok := b.view.services[k]; !ok {
-			continue
-		}
-		dests, err := b.ipvs.Destinations(k)
-		if err != nil {
-			if errors.Is(err, errNotExist) {
-				// Deleted behind sluice's back: the plan adds it again.
-				delete(b.view.services, k)
-				continue
-			}
-			return fmt.Errorf("read IPVS real servers: %w", err)
-		}
-		b.view.dests[k] = dests
-		b.stats.DestinationReads++
-	}
-	return nil
 }
 
 func (r *serviceRecord) vssOrNil() []desiredVS {
@@ -558,28 +422,6 @@ func (r *serviceRecord) vssOrNil() []desiredVS {
 		return nil
 	}
 	return r.vss
-}
-
-// removeLeftovers removes, once, after the first successful full sync (so sluice's rules
-// already serve every Service), what other modes left: the nftables mode's table and
-// kube-proxy's chains in the iptables flavour not in use. The iptables mode's chains in the
-// flavour in use went in that first sync's restore.
-func (b *Backend) removeLeftovers(ctx context.Context) {
-	if b.opts.skipLeftovers {
-		return
-	}
-	if removed, err := b.opts.nftTables(b.cfg.Family); err != nil {
-		b.logger.Error(err, "Could not remove the nftables mode's table")
-	} else if removed {
-		b.logger.Info("Removed the nftables mode's table", "table", leftovers.NFTablesTable)
-	}
-	if b.other != nil {
-		if n, err := removeKubeProxyChains(ctx, b.other); err != nil {
-			b.logger.Error(err, "Could not remove kube-proxy rules from the other iptables flavour")
-		} else if n > 0 {
-			b.logger.Info("Removed kube-proxy rules from the other iptables flavour", "chains", n)
-		}
-	}
 }
 
 // describeFailures joins errors of one Service into one.

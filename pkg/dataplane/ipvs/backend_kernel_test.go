@@ -37,6 +37,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 	"github.com/sluiceproxy/sluice/test/netnstest"
@@ -745,7 +746,7 @@ func TestKernelIPSetsRoundTrip(t *testing.T) {
 		for typ, e := range entries {
 			name := fmt.Sprintf("SLUICE-TEST-%d-%s", family, strings.NewReplacer(":", "-", ",", "-").Replace(string(typ)))
 			if err := sets.Create(name, typ, family); err != nil {
-				require.Feature(t, require.IPSet, !isNotSupported(err), fmt.Sprintf("no ipset in this kernel: %v", err))
+				require.Feature(t, require.IPSet, !hostnet.IsNotSupported(err), fmt.Sprintf("no ipset in this kernel: %v", err))
 				t.Fatalf("create %s: %v", name, err)
 			}
 			if err := sets.Create(name, typ, family); !errors.Is(err, errExist) {

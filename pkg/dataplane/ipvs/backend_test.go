@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -739,14 +741,14 @@ func TestNewChecksTheScheduler(t *testing.T) {
 
 func TestSysctlsAndTimeouts(t *testing.T) {
 	tests := []struct {
-		kernel    kernelVersion
+		kernel    hostnet.KernelVersion
 		strictARP bool
 		reuse     int
 	}{
-		{kernelVersion{4, 0, 0}, false, 7}, // too old: left alone
-		{kernelVersion{5, 4, 0}, false, 0},
-		{kernelVersion{5, 9, 0}, true, 1},
-		{kernelVersion{6, 1, 0}, false, 1},
+		{hostnet.KernelVersion{Major: 4, Minor: 0, Patch: 0}, false, 7}, // too old: left alone
+		{hostnet.KernelVersion{Major: 5, Minor: 4, Patch: 0}, false, 0},
+		{hostnet.KernelVersion{Major: 5, Minor: 9, Patch: 0}, true, 1},
+		{hostnet.KernelVersion{Major: 6, Minor: 1, Patch: 0}, false, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.kernel.String(), func(t *testing.T) {
@@ -754,7 +756,7 @@ func TestSysctlsAndTimeouts(t *testing.T) {
 			k.sysctls[sysctlConnReuseMode] = 7
 			_, err := New(context.Background(), testConfig(model.IPv4),
 				Settings{StrictARP: tc.strictARP, TCPTimeout: 900 * time.Second, UDPTimeout: 10 * time.Second}, withFake(k),
-				func(o *options) { o.kernel = func() (kernelVersion, error) { return tc.kernel, nil } })
+				func(o *options) { o.kernel = func() (hostnet.KernelVersion, error) { return tc.kernel, nil } })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -783,7 +785,7 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	deps := cleanupDeps{
 		supported: func() (bool, error) { return true, nil },
 		openIPVS:  func() (ipvsKernel, func(), error) { return fakeIPVS{k}, func() {}, nil },
-		links:     fakeLinks{k}, sets: fakeIPSets{k}, runners: []iptablesRunner{fakeIPTables{k: k}},
+		links:     fakeLinks{k}, sets: fakeIPSets{k}, runners: []xtables.Runner{fakeIPTables{k: k}},
 	}
 	if err := cleanup(context.Background(), model.IPv4, deps); err != nil {
 		t.Fatal(err)
@@ -823,7 +825,7 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 			return false, nil
 		},
 		openIPVS: func() (ipvsKernel, func(), error) { return fakeIPVS{k2}, func() {}, nil },
-		links:    fakeLinks{k2}, sets: fakeIPSets{k2}, runners: []iptablesRunner{fakeIPTables{k: k2}},
+		links:    fakeLinks{k2}, sets: fakeIPSets{k2}, runners: []xtables.Runner{fakeIPTables{k: k2}},
 	}
 	if err := cleanup(context.Background(), model.IPv4, deps2); err != nil {
 		t.Fatal(err)

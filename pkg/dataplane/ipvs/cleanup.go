@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 
 	"k8s.io/klog/v2"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -53,7 +53,7 @@ type cleanupDeps struct {
 	openIPVS  func() (ipvsKernel, func(), error)
 	links     linkKernel
 	sets      ipsetKernel
-	runners   []iptablesRunner
+	runners   []xtables.Runner
 }
 
 func cleanup(ctx context.Context, family model.IPFamily, d cleanupDeps) error {
@@ -115,7 +115,7 @@ func cleanup(ctx context.Context, family model.IPFamily, d cleanupDeps) error {
 
 	// Chains before sets: ipset refuses to destroy a set that a rule still uses.
 	for _, r := range d.runners {
-		n, err := removeKubeProxyChains(ctx, r)
+		n, err := xtables.RemoveChains(ctx, r, xtables.KubeProxyChain, xtables.RemoveChainsPerRestore)
 		if err != nil {
 			errs = append(errs, err)
 		} else if n > 0 {
@@ -161,50 +161,17 @@ func deleteVirtualServers(d cleanupDeps, family model.IPFamily) (int, error) {
 
 // installedRunners returns a runner for each installed iptables flavour whose tables exist
 // in this network namespace.
-func installedRunners(ctx context.Context, family model.IPFamily) []iptablesRunner {
-	installed, err := installedFlavour(ctx, family)
+func installedRunners(ctx context.Context, family model.IPFamily) []xtables.Runner {
+	installed, err := xtables.Installed(ctx, xtables.Exec{}, family)
 	if err != nil {
 		installed = ""
 	}
-	var out []iptablesRunner
+	var out []xtables.Runner
 	for _, f := range []Flavour{FlavourLegacy, FlavourNFT} {
-		save, restore := toolNames(family, f, installed)
-		if _, err := exec.LookPath(restore); err != nil {
-			continue
+		t := xtables.NewTools(xtables.Exec{}, family, f, installed)
+		if t.Available() && (xtables.SystemProbe{}).InUse(t) {
+			out = append(out, t)
 		}
-		if _, err := exec.LookPath(save); err != nil {
-			continue
-		}
-		if !flavourInUse(f, family) {
-			continue
-		}
-		out = append(out, &execRunner{flavour: f, save: save, restore: restore})
 	}
 	return out
-}
-
-// removeKubeProxyChains removes every chain of kube-proxy's iptables and ipvs modes, with
-// the rules jumping to them, from one flavour, and returns how many chains it removed.
-func removeKubeProxyChains(ctx context.Context, r iptablesRunner) (int, error) {
-	saved, err := r.Save(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("read iptables rules: %w", err)
-	}
-	tables := parseSave(saved)
-	in := removalInput(tables)
-	if in == nil {
-		return 0, nil
-	}
-	if err := r.Restore(ctx, in); err != nil {
-		return 0, fmt.Errorf("remove kube-proxy chains: %w", err)
-	}
-	n := 0
-	for table, st := range tables {
-		for _, c := range st.chains {
-			if !builtinChains[c] && kubeProxyChain(table, c) {
-				n++
-			}
-		}
-	}
-	return n, nil
 }

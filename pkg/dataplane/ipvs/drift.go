@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 )
 
 // driftOf compares what the backend programmed (its index, trusted after a sync that did
@@ -131,12 +132,12 @@ func (x *desiredIndex) boundSet() map[netip.Addr]bool {
 // ruleDrift compares the rules of the backend's own chains in saved (iptables-save, read
 // by a full sync) with the rule counts it last wrote, and counts the jump rules the full
 // sync must insert or delete.
-func ruleDrift(d *dataplane.Drift, saved map[string]*savedTable, written map[string]int, fixes map[string]*tableFixes) {
+func ruleDrift(d *dataplane.Drift, saved xtables.Saved, written map[string]int, fixes map[string]*tableFixes) {
 	for _, table := range []string{tableNAT, tableFilter} {
 		got := map[string]int{}
 		if st := saved[table]; st != nil {
-			for _, r := range st.rules {
-				got[r.chain]++
+			for _, r := range st.Rules {
+				got[r.Chain]++
 			}
 		}
 		for _, c := range ownChains[table] {

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -638,7 +639,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 			}
 			cur.chains[name] = nil
 		default:
-			args := splitArgs(l)
+			args := xtables.SplitArgs(l)
 			if len(args) < 2 {
 				return fail("short rule")
 			}
@@ -677,7 +678,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 				}
 				for c, rules := range cur.chains {
 					for _, r := range rules {
-						if target := (savedRule{args: strings.Split(r, "\x00")}).target(); target == chain {
+						if target := targetOf(strings.Split(r, "\x00")); target == chain {
 							return fail("chain %s is referenced by %s", chain, c)
 						}
 					}
@@ -699,7 +700,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 
 func (f fakeIPTables) validateRule(t *fakeTable, r string) error {
 	args := strings.Split(r, "\x00")
-	target := (savedRule{args: args}).target()
+	target := targetOf(args)
 	if target == "" {
 		return fmt.Errorf("rule %q has no target", strings.Join(args, " "))
 	}
@@ -714,6 +715,16 @@ func (f fakeIPTables) validateRule(t *fakeTable, r string) error {
 		}
 	}
 	return nil
+}
+
+// targetOf returns a rule's -j or -g target.
+func targetOf(args []string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-j" || args[i] == "-g" {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // rules returns a chain's rules as "-A chain ..." lines.

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -55,10 +56,10 @@ func changed(names ...string) model.Changes {
 func withFake(k *fakeKernel) Option {
 	return func(o *options) {
 		o.supported = func() (bool, error) { return true, nil }
-		o.kernel = func() (kernelVersion, error) { return kernelVersion{6, 1, 0}, nil }
+		o.kernel = func() (hostnet.KernelVersion, error) { return hostnet.KernelVersion{Major: 6, Minor: 1, Patch: 0}, nil }
 		o.ipvs, o.links, o.sets, o.ipt, o.sysctl = fakeIPVS{k}, fakeLinks{k}, fakeIPSets{k}, fakeIPTables{k: k}, fakeSysctl{k}
 		o.flavour = FlavourNFT
-		o.nftTables = func(model.IPFamily) (bool, error) { return false, nil }
+		o.skipLeftovers = true
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // timeouts are shared by both families, so one call serves a dual-stack node. Only the
 // seams of opts are used (tests); the other options do not apply.
 func ApplyKernelSettings(ctx context.Context, settings Settings, opts ...Option) error {
-	o := options{supported: KernelSupportsIPVS, kernel: runningKernel}
+	o := options{supported: KernelSupportsIPVS, kernel: hostnet.RunningKernel}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -63,7 +63,7 @@ func requireIPVS(supported func() (bool, error), scheduler string) error {
 
 // applyKernelSettings sets the sysctls (setupSysctls) and, when settings give any, IPVS's
 // TCP, TCP FIN and UDP timeouts (ipvsadm --set); h may be nil when they do not.
-func applyKernelSettings(s hostnet.Sysctls, kv kernelVersion, h ipvsKernel, settings Settings, logger klog.Logger) error {
+func applyKernelSettings(s hostnet.Sysctls, kv hostnet.KernelVersion, h ipvsKernel, settings Settings, logger klog.Logger) error {
 	if err := setupSysctls(s, kv, settings.StrictARP, logger); err != nil {
 		return err
 	}

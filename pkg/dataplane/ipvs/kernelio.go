@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"strings"
 	"syscall"
 	"time"
 
@@ -475,11 +474,4 @@ func bitmapPortAddDel(cmd int, set string, port uint16) error {
 		return nl.IPSetError(uintptr(errno))
 	}
 	return err
-}
-
-// isNotSupported reports whether err says a kernel subsystem is missing.
-func isNotSupported(err error) bool {
-	var errno syscall.Errno
-	return errors.As(err, &errno) && (errno == unix.EPROTONOSUPPORT || errno == unix.EAFNOSUPPORT || errno == unix.EOPNOTSUPP) ||
-		strings.Contains(fmt.Sprint(err), "not supported")
 }

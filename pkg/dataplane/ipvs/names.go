@@ -3,6 +3,7 @@ package ipvs
 import (
 	"strings"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -38,7 +39,8 @@ const (
 	tableMangle = "mangle"
 )
 
-// ownChains are the chains this backend writes, per table, in the order they are declared.
+// ownChains are the chains this backend writes, per table, in the order they are declared
+// (the ipvs mode's by xtables' ownership rule: a test checks it).
 var ownChains = map[string][]string{
 	tableNAT:    {chainServices, chainPostrouting, chainNodePort, chainLoadBalancer, chainMarkMasq},
 	tableFilter: {chainForward, chainNodePort, chainProxyFirewall, chainSourceRangesFirewall, chainIPVSFilter, chainIPVSOutFilter},
@@ -71,31 +73,7 @@ var jumpRules = []jumpRule{
 }
 
 // builtinChains are the chains of each table that exist without being declared.
-var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
-
-// kubeProxyChain reports whether a chain belongs to one of kube-proxy's iptables-based modes
-// (iptables or ipvs), and so to sluice. Kubelet's KUBE-FIREWALL, KUBE-MARK-DROP,
-// KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT are not.
-func kubeProxyChain(table, chain string) bool {
-	for _, c := range ownChains[table] {
-		if c == chain {
-			return true
-		}
-	}
-	switch chain {
-	case "KUBE-PROXY-CANARY":
-		return true
-	case "KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ",
-		"KUBE-FORWARD", "KUBE-PROXY-FIREWALL":
-		return table == tableNAT || table == tableFilter
-	}
-	for _, p := range []string{"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-", "KUBE-XLB-"} {
-		if strings.HasPrefix(chain, p) {
-			return table == tableNAT
-		}
-	}
-	return false
-}
+var builtinChains = xtables.BuiltinChains
 
 // ipsetType is an ipset type name as the kernel spells it.
 type ipsetType string

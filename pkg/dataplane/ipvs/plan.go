@@ -173,38 +173,88 @@ type plan struct {
 }
 
 // makePlan computes the operations that take the kernel to the desired state of the
-// Services in scope, updating idx with their new records on the way.
+// Services in scope, updating idx with their new records on the way. Its phases: the
+// device and the sets; release what the Services in scope held; claim the frontends;
+// each Service's virtual and real servers; addresses; set entries; leftover virtual
+// servers.
 func makePlan(in *planInput, idx *desiredIndex) *plan {
-	p := &plan{draining: map[vsKey]types.NamespacedName{}}
-	k := in.kernel
+	pl := &planner{
+		in:             in,
+		idx:            idx,
+		k:              in.kernel,
+		p:              &plan{draining: map[vsKey]types.NamespacedName{}},
+		names:          sortedNames(in.scope),
+		recreated:      map[ipsetID]bool{},
+		touchedEntries: map[setMember]bool{},
+		touchedAddrs:   map[netip.Addr]bool{},
+		released:       map[vsKey]types.NamespacedName{},
+		addrClaimer:    map[netip.Addr]types.NamespacedName{},
+		conflicts:      map[types.NamespacedName][]error{},
+		deletedVS:      map[vsKey]bool{},
+	}
+	pl.planSetup()
+	pl.release()
+	pl.claimFrontends()
+	pl.planServices()
+	// Addresses leave the device last, after their set entries and virtual servers, so
+	// that KUBE-IPVS-IPS always covers every address the device holds.
+	unbinds := pl.planAddresses()
+	pl.planEntries()
+	pl.planLeftoverVSs()
+	pl.p.deletes = append(pl.p.deletes, unbinds...)
+	return pl.p
+}
 
-	// Setup: the device, then the sets (only when absent, or of the wrong type).
+// planner is makePlan's working state.
+type planner struct {
+	in  *planInput
+	idx *desiredIndex
+	k   *kernelView
+	p   *plan
+	// names are the Services in scope, sorted.
+	names []types.NamespacedName
+	// recreated are the sets recreated (of the wrong type): every entry is added again.
+	recreated map[ipsetID]bool
+	// touchedEntries and touchedAddrs are what a partial sync looks at.
+	touchedEntries map[setMember]bool
+	touchedAddrs   map[netip.Addr]bool
+	// released are the frontends the Services in scope held and no longer claim.
+	released map[vsKey]types.NamespacedName
+	// addrClaimer is the first Service that claimed each bound address.
+	addrClaimer map[netip.Addr]types.NamespacedName
+	// conflicts are the frontends a Service wants that another holds.
+	conflicts map[types.NamespacedName][]error
+	// deletedVS are the virtual servers the Services' operations delete.
+	deletedVS map[vsKey]bool
+}
+
+// planSetup: the device, then the sets (only when absent, or of the wrong type).
+func (pl *planner) planSetup() {
+	k, p := pl.k, pl.p
 	if !k.linkExists {
 		p.setup = append(p.setup, op{kind: opCreateLink})
 	}
-	recreated := map[ipsetID]bool{}
 	for id := ipsetID(0); id < numIPSets; id++ {
 		ks, ok := k.sets[id]
 		switch {
 		case !ok:
 			p.setup = append(p.setup, op{kind: opCreateSet, set: id})
-		case ks.Type != ipsets[id].typ || (ks.Family != 0 && ks.Family != afOf(in.family) && ipsets[id].typ != typeBitmapPort):
+		case ks.Type != ipsets[id].typ || (ks.Family != 0 && ks.Family != afOf(pl.in.family) && ipsets[id].typ != typeBitmapPort):
 			p.setup = append(p.setup, op{kind: opRecreateSet, set: id})
-			recreated[id] = true
+			pl.recreated[id] = true
 		}
 	}
+}
 
-	names := sortedNames(in.scope)
-	touchedEntries := map[setMember]bool{}
-	touchedAddrs := map[netip.Addr]bool{}
-
-	// Pass 1: forget what the Services in scope needed, and let go of their frontends.
-	released := map[vsKey]types.NamespacedName{}
-	for _, name := range names {
+// release forgets what the Services in scope needed, lets go of their frontends, and
+// stores their new records in the index.
+func (pl *planner) release() {
+	idx := pl.idx
+	for _, name := range pl.names {
 		old := idx.records[name]
 		if old != nil {
 			for _, m := range old.members {
-				touchedEntries[m] = true
+				pl.touchedEntries[m] = true
 				if idx.entries[m]--; idx.entries[m] <= 0 {
 					delete(idx.entries, m)
 				}
@@ -217,81 +267,88 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 		}
 		for key := range idx.ownedBy[name] {
 			if d := old.vs(key); d != nil && d.bind {
-				touchedAddrs[key.Addr] = true
+				pl.touchedAddrs[key.Addr] = true
 				if idx.bound[key.Addr]--; idx.bound[key.Addr] <= 0 {
 					delete(idx.bound, key.Addr)
 				}
 			}
 			delete(idx.owners, key)
-			released[key] = name
+			pl.released[key] = name
 		}
 		delete(idx.ownedBy, name)
-		if r := in.records[name]; r != nil {
+		if r := pl.in.records[name]; r != nil {
 			idx.records[name] = r
 		} else {
 			delete(idx.records, name)
 		}
 	}
+}
 
-	// Pass 2: claim the frontends. Their previous holders claim first, so that a frontend
-	// two Services want stays where it is; the other Service fails for that frontend.
-	addrClaimer := map[netip.Addr]types.NamespacedName{}
-	claim := func(name types.NamespacedName, d *desiredVS) {
-		idx.own(d.key, name)
-		delete(released, d.key)
-		if d.bind {
-			idx.bound[d.key.Addr]++
-			touchedAddrs[d.key.Addr] = true
-			if _, ok := addrClaimer[d.key.Addr]; !ok {
-				addrClaimer[d.key.Addr] = name
-			}
+// claim makes name the holder of d's frontend.
+func (pl *planner) claim(name types.NamespacedName, d *desiredVS) {
+	pl.idx.own(d.key, name)
+	delete(pl.released, d.key)
+	if d.bind {
+		pl.idx.bound[d.key.Addr]++
+		pl.touchedAddrs[d.key.Addr] = true
+		if _, ok := pl.addrClaimer[d.key.Addr]; !ok {
+			pl.addrClaimer[d.key.Addr] = name
 		}
 	}
-	for _, name := range names {
+}
+
+// claimFrontends gives each frontend one holder. Previous holders claim first, so that a
+// frontend two Services want stays where it is; the other Service fails for that
+// frontend. The Services' set entries and filter rules are counted in.
+func (pl *planner) claimFrontends() {
+	idx := pl.idx
+	for _, name := range pl.names {
 		for i, d := range idx.records[name].vssOrNil() {
-			if _, held := idx.owners[d.key]; !held && (released[d.key] == name || in.previousOwners[d.key] == name) {
-				claim(name, &idx.records[name].vss[i])
+			if _, held := idx.owners[d.key]; !held && (pl.released[d.key] == name || pl.in.previousOwners[d.key] == name) {
+				pl.claim(name, &idx.records[name].vss[i])
 			}
 		}
 	}
-	conflicts := map[types.NamespacedName][]error{}
-	for _, name := range names {
+	for _, name := range pl.names {
 		r := idx.records[name]
 		for i, d := range r.vssOrNil() {
 			switch holder, held := idx.owners[d.key]; {
 			case !held:
-				claim(name, &r.vss[i])
+				pl.claim(name, &r.vss[i])
 			case holder != name:
-				conflicts[name] = append(conflicts[name], fmt.Errorf("%s (port %s) is already used by Service %s", d.key, d.port, holder.String()))
+				pl.conflicts[name] = append(pl.conflicts[name], fmt.Errorf("%s (port %s) is already used by Service %s", d.key, d.port, holder.String()))
 			}
 		}
 		if r == nil {
 			continue
 		}
 		for _, m := range r.members {
-			touchedEntries[m] = true
+			pl.touchedEntries[m] = true
 			idx.entries[m]++
 		}
 		for _, f := range r.outFilter {
 			idx.outFilter[f]++
 		}
 	}
+}
 
-	// Per Service: virtual servers, real servers, and the frontends given up.
+// planServices: per Service, its virtual servers, real servers, and the frontends it
+// gave up.
+func (pl *planner) planServices() {
+	idx, k := pl.idx, pl.k
 	releasedBy := map[types.NamespacedName][]vsKey{}
-	for key, owner := range released {
+	for key, owner := range pl.released {
 		releasedBy[owner] = append(releasedBy[owner], key)
 	}
-	deletedVS := map[vsKey]bool{}
-	for _, name := range names {
-		so := serviceOps{name: name, errs: conflicts[name]}
+	for _, name := range pl.names {
+		so := serviceOps{name: name, errs: pl.conflicts[name]}
 		r := idx.records[name]
 		for i := range r.vssOrNil() {
 			d := &r.vss[i]
 			if idx.owners[d.key] != name {
 				continue
 			}
-			ops, err := planVS(name, d, k, p.draining)
+			ops, err := planVS(name, d, k, pl.p.draining)
 			if err != nil {
 				so.errs = append(so.errs, err)
 				continue
@@ -301,19 +358,23 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 		gone := releasedBy[name]
 		slices.SortFunc(gone, compareVSKeys)
 		for _, key := range gone {
-			if _, ok := k.services[key]; ok && !excluded(key.Addr, in.exclude) {
+			if _, ok := k.services[key]; ok && !excluded(key.Addr, pl.in.exclude) {
 				so.ops = append(so.ops, op{kind: opDeleteVS, vs: key, owner: name})
-				deletedVS[key] = true
+				pl.deletedVS[key] = true
 			}
 		}
 		if len(so.ops) > 0 || len(so.errs) > 0 {
-			p.services = append(p.services, so)
+			pl.p.services = append(pl.p.services, so)
 		}
 	}
+}
 
-	// Addresses on the dummy device, and KUBE-IPVS-IPS, which lists them.
-	addrs := touchedAddrs
-	if in.full {
+// planAddresses converges the addresses on the dummy device and KUBE-IPVS-IPS, which
+// lists them. It returns the unbinds, which the caller runs last.
+func (pl *planner) planAddresses() (unbinds []op) {
+	idx, k, p := pl.idx, pl.k, pl.p
+	addrs := pl.touchedAddrs
+	if pl.in.full {
 		addrs = map[netip.Addr]bool{}
 		for a := range idx.bound {
 			addrs[a] = true
@@ -328,12 +389,9 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 		}
 	}
 	ipvsIPs := k.sets[setIPVSIPs]
-	// Addresses leave the device last, after their set entries and virtual servers, so
-	// that KUBE-IPVS-IPS always covers every address the device holds.
-	var unbinds []op
 	for _, a := range sortedAddrs(addrs) {
 		want := idx.bound[a] > 0
-		owner := addrClaimer[a]
+		owner := pl.addrClaimer[a]
 		if want && !k.bound[a] {
 			p.adds = append(p.adds, op{kind: opBindAddr, addr: a, owner: owner})
 		}
@@ -341,7 +399,7 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 			unbinds = append(unbinds, op{kind: opUnbindAddr, addr: a})
 		}
 		e := setEntry{IP: a}
-		have := ipvsIPs != nil && !recreated[setIPVSIPs] && ipvsIPs.Entries[e]
+		have := ipvsIPs != nil && !pl.recreated[setIPVSIPs] && ipvsIPs.Entries[e]
 		if want && !have {
 			p.adds = append(p.adds, op{kind: opAddEntry, set: setIPVSIPs, entry: e, owner: owner})
 		}
@@ -349,10 +407,14 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 			p.deletes = append(p.deletes, op{kind: opDelEntry, set: setIPVSIPs, entry: e})
 		}
 	}
+	return unbinds
+}
 
-	// Set entries.
-	entries := touchedEntries
-	if in.full {
+// planEntries converges the set entries other than KUBE-IPVS-IPS.
+func (pl *planner) planEntries() {
+	idx, k, p := pl.idx, pl.k, pl.p
+	entries := pl.touchedEntries
+	if pl.in.full {
 		entries = make(map[setMember]bool, len(idx.entries))
 		for m := range idx.entries {
 			entries[m] = true
@@ -367,7 +429,7 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 		}
 	}
 	entryOwner := map[setMember]types.NamespacedName{}
-	for _, name := range names {
+	for _, name := range pl.names {
 		for _, m := range idx.records[name].membersOrNil() {
 			if _, ok := entryOwner[m]; !ok {
 				entryOwner[m] = name
@@ -377,7 +439,7 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 	for _, m := range sortedMembers(entries) {
 		want := idx.entries[m] > 0
 		ks := k.sets[m.set]
-		have := ks != nil && !recreated[m.set] && ks.Entries[m.entry]
+		have := ks != nil && !pl.recreated[m.set] && ks.Entries[m.entry]
 		switch {
 		case want && !have:
 			p.adds = append(p.adds, op{kind: opAddEntry, set: m.set, entry: m.entry, owner: entryOwner[m]})
@@ -385,23 +447,24 @@ func makePlan(in *planInput, idx *desiredIndex) *plan {
 			p.deletes = append(p.deletes, op{kind: opDelEntry, set: m.set, entry: m.entry})
 		}
 	}
+}
 
-	// Leftover virtual servers (full syncs): every virtual server of this family that no
-	// Service holds, outside excludeCIDRs.
-	if in.full {
-		var leftovers []vsKey
-		for key := range k.services {
-			if _, held := idx.owners[key]; !held && !deletedVS[key] && !excluded(key.Addr, in.exclude) {
-				leftovers = append(leftovers, key)
-			}
-		}
-		slices.SortFunc(leftovers, compareVSKeys)
-		for _, key := range leftovers {
-			p.deletes = append(p.deletes, op{kind: opDeleteVS, vs: key})
+// planLeftoverVSs (full syncs): every virtual server of this family that no Service
+// holds, outside excludeCIDRs, is deleted.
+func (pl *planner) planLeftoverVSs() {
+	if !pl.in.full {
+		return
+	}
+	var leftovers []vsKey
+	for key := range pl.k.services {
+		if _, held := pl.idx.owners[key]; !held && !pl.deletedVS[key] && !excluded(key.Addr, pl.in.exclude) {
+			leftovers = append(leftovers, key)
 		}
 	}
-	p.deletes = append(p.deletes, unbinds...)
-	return p
+	slices.SortFunc(leftovers, compareVSKeys)
+	for _, key := range leftovers {
+		pl.p.deletes = append(pl.p.deletes, op{kind: opDeleteVS, vs: key})
+	}
 }
 
 func (r *serviceRecord) membersOrNil() []setMember {

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -107,7 +108,7 @@ func renderSync(state *model.NodeState, cfg dataplane.Config, settings Settings,
 	}, idx.outFilterRules())
 	// iptables-save of tables holding only their built-in chains parses to no rule and no
 	// chain of ours: every jump is missing and nothing is left over.
-	restore := restoreInput(rs, planFixes(map[string]*savedTable{}))
+	restore := restoreInput(rs, planFixes(xtables.Saved{}))
 	return &renderedSync{family: cfg.Family, plan: p, restore: restore}, nil
 }
 

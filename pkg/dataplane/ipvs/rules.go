@@ -1,7 +1,6 @@
 package ipvs
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"slices"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -208,88 +208,6 @@ func quote(a string) string {
 	return a
 }
 
-// savedTable is one table of iptables-save output.
-type savedTable struct {
-	chains []string
-	rules  []savedRule
-}
-
-// savedRule is one "-A chain ..." line, also split into arguments.
-type savedRule struct {
-	chain string
-	args  []string // after "-A chain"
-	line  string
-}
-
-// target returns the rule's -j or -g target ("" when it has none).
-func (r savedRule) target() string {
-	for i := 0; i+1 < len(r.args); i++ {
-		if r.args[i] == "-j" || r.args[i] == "-g" {
-			return r.args[i+1]
-		}
-	}
-	return ""
-}
-
-// parseSave splits iptables-save output into tables.
-func parseSave(out []byte) map[string]*savedTable {
-	tables := map[string]*savedTable{}
-	var cur *savedTable
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
-	for sc.Scan() {
-		l := strings.TrimSpace(sc.Text())
-		switch {
-		case strings.HasPrefix(l, "*"):
-			cur = &savedTable{}
-			tables[l[1:]] = cur
-		case cur == nil:
-		case strings.HasPrefix(l, ":"):
-			if f := strings.Fields(l[1:]); len(f) > 0 {
-				cur.chains = append(cur.chains, f[0])
-			}
-		case strings.HasPrefix(l, "-A "):
-			args := splitArgs(l)
-			if len(args) < 2 {
-				continue
-			}
-			cur.rules = append(cur.rules, savedRule{chain: args[1], args: args[2:], line: l})
-		}
-	}
-	return tables
-}
-
-// splitArgs splits a rule line into arguments, undoing iptables-save's double quotes.
-func splitArgs(l string) []string {
-	var out []string
-	var cur strings.Builder
-	inQuote, escaped, have := false, false, false
-	for _, r := range l {
-		switch {
-		case escaped:
-			cur.WriteRune(r)
-			escaped = false
-		case r == '\\' && inQuote:
-			escaped = true
-		case r == '"':
-			inQuote = !inQuote
-			have = true
-		case (r == ' ' || r == '\t') && !inQuote:
-			if have || cur.Len() > 0 {
-				out = append(out, cur.String())
-				cur.Reset()
-				have = false
-			}
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if have || cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
 // tableFixes are the changes a full sync makes to one table besides its own chains: rules
 // deleted from built-in chains (stale jumps), jump rules inserted, leftover chains removed.
 type tableFixes struct {
@@ -307,7 +225,7 @@ func (f *tableFixes) empty() bool {
 // leads into a kube-proxy chain (the iptables mode's jumps, duplicates) is deleted, and the
 // kube-proxy chains this mode does not use (KUBE-SVC-*, KUBE-NODEPORTS, the canaries ...)
 // are removed, in the same restore that writes the rules, so nothing is left unserved.
-func planFixes(saved map[string]*savedTable) map[string]*tableFixes {
+func planFixes(saved xtables.Saved) map[string]*tableFixes {
 	out := map[string]*tableFixes{}
 	for _, table := range []string{tableNAT, tableFilter, tableMangle} {
 		f := &tableFixes{}
@@ -315,8 +233,8 @@ func planFixes(saved map[string]*savedTable) map[string]*tableFixes {
 		st := saved[table]
 		remove := map[string]bool{}
 		if st != nil {
-			for _, c := range st.chains {
-				if !builtinChains[c] && kubeProxyChain(table, c) && !slices.Contains(ownChains[table], c) {
+			for _, c := range st.Chains {
+				if !builtinChains[c] && xtables.KubeProxyChain(table, c) && !xtables.IPVSModeChain(table, c) {
 					remove[c] = true
 					f.removeChains = append(f.removeChains, c)
 				}
@@ -324,23 +242,23 @@ func planFixes(saved map[string]*savedTable) map[string]*tableFixes {
 		}
 		matched := make([]bool, len(jumpRules))
 		if st != nil {
-			for _, r := range st.rules {
-				if !builtinChains[r.chain] {
+			for _, r := range st.Rules {
+				if !builtinChains[r.Chain] {
 					continue
 				}
-				target := r.target()
+				target := r.Target()
 				if !remove[target] && !slices.Contains(ownChains[table], target) {
 					continue
 				}
 				keep := false
 				for i, j := range jumpRules {
-					if !matched[i] && j.table == table && j.from == r.chain && j.to == target && slices.Equal(j.args(), r.args) {
+					if !matched[i] && j.table == table && j.from == r.Chain && j.to == target && slices.Equal(j.args(), r.Args()) {
 						matched[i], keep = true, true
 						break
 					}
 				}
 				if !keep {
-					f.deleteRules = append(f.deleteRules, "-D"+strings.TrimPrefix(r.line, "-A"))
+					f.deleteRules = append(f.deleteRules, r.Delete())
 				}
 			}
 		}
@@ -414,50 +332,6 @@ func flushOwnChainsInput() []byte {
 			b.WriteString(":" + c + " - [0:0]\n")
 		}
 		b.WriteString("COMMIT\n")
-	}
-	return b.Bytes()
-}
-
-// removalInput renders iptables-restore input that removes every kube-proxy chain (iptables
-// and ipvs modes) and the rules jumping to them: what Cleanup and the removal of the other
-// iptables flavour's leftovers do. nil when there is nothing to remove.
-func removalInput(saved map[string]*savedTable) []byte {
-	var b bytes.Buffer
-	for _, table := range []string{tableNAT, tableFilter, tableMangle} {
-		st := saved[table]
-		if st == nil {
-			continue
-		}
-		var chains, deletes []string
-		owned := map[string]bool{}
-		for _, c := range st.chains {
-			if !builtinChains[c] && kubeProxyChain(table, c) {
-				chains = append(chains, c)
-				owned[c] = true
-			}
-		}
-		for _, r := range st.rules {
-			if builtinChains[r.chain] && owned[r.target()] {
-				deletes = append(deletes, "-D"+strings.TrimPrefix(r.line, "-A"))
-			}
-		}
-		if len(chains) == 0 && len(deletes) == 0 {
-			continue
-		}
-		b.WriteString("*" + table + "\n")
-		for _, c := range chains {
-			b.WriteString(":" + c + " - [0:0]\n")
-		}
-		for _, l := range deletes {
-			b.WriteString(l + "\n")
-		}
-		for _, c := range chains {
-			b.WriteString("-X " + c + "\n")
-		}
-		b.WriteString("COMMIT\n")
-	}
-	if b.Len() == 0 {
-		return nil
 	}
 	return b.Bytes()
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -93,7 +95,7 @@ func TestRulesFollowTheLocalDetectorAndMasqueradeAll(t *testing.T) {
 }
 
 func TestPlanFixesKeepsOwnJumpsAndRemovesTheRest(t *testing.T) {
-	saved := parseSave([]byte(`*nat
+	saved, err := xtables.ParseSave([]byte(`*nat
 :PREROUTING ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
 :KUBE-SERVICES - [0:0]
@@ -112,6 +114,9 @@ COMMIT
 -A INPUT -j KUBE-FIREWALL
 COMMIT
 `))
+	if err != nil {
+		t.Fatal(err)
+	}
 	fixes := planFixes(saved)
 	if diff := cmp.Diff([]string{"KUBE-SVC-ABC"}, fixes[tableNAT].removeChains); diff != "" {
 		t.Errorf("nat chains removed (-want +got):\n%s", diff)
@@ -136,14 +141,22 @@ COMMIT
 	}
 }
 
-func TestSplitArgsUndoesSaveQuoting(t *testing.T) {
-	got := splitArgs(`-A KUBE-X -m comment --comment "a \"quoted\" comment" -s 10.0.0.0/8  -j RETURN`)
+func TestRuleLinesRoundTripThroughSaveQuoting(t *testing.T) {
 	want := []string{"-A", "KUBE-X", "-m", "comment", "--comment", `a "quoted" comment`, "-s", "10.0.0.0/8", "-j", "RETURN"}
-	if !slices.Equal(got, want) {
-		t.Errorf("splitArgs = %q, want %q", got, want)
-	}
-	if l := line("KUBE-X", want[2:]); !slices.Equal(splitArgs(l), want) {
+	if l := line("KUBE-X", want[2:]); !slices.Equal(xtables.SplitArgs(l), want) {
 		t.Errorf("line does not round-trip: %s", l)
+	}
+}
+
+// The chains this backend writes are the ipvs mode's by xtables' ownership rule, which
+// leftover removal and Cleanup go by.
+func TestOwnChainsAreTheIPVSModes(t *testing.T) {
+	for table, chains := range ownChains {
+		for _, c := range chains {
+			if !xtables.IPVSModeChain(table, c) {
+				t.Errorf("%s %s is not the ipvs mode's", table, c)
+			}
+		}
 	}
 }
 
@@ -159,24 +172,8 @@ func TestIPSetNamesPerFamily(t *testing.T) {
 	}
 }
 
-func TestParseKernelRelease(t *testing.T) {
-	for release, want := range map[string]kernelVersion{
-		"6.1.0-56-amd64":        {6, 1, 0},
-		"5.10.0":                {5, 10, 0},
-		"4.19.112+":             {4, 19, 112},
-		"6.18.44-fc-v657":       {6, 18, 44},
-		"5.14.0-427.el9.x86_64": {5, 14, 0},
-		"6.9":                   {6, 9, 0},
-	} {
-		got, err := parseKernelRelease(release)
-		if err != nil || got != want {
-			t.Errorf("parseKernelRelease(%q) = %v, %v; want %v", release, got, err, want)
-		}
-	}
-	if _, err := parseKernelRelease("linux"); err == nil {
-		t.Errorf("parseKernelRelease accepted garbage")
-	}
-	if connReuseMode(kernelVersion{5, 8, 18}) != 0 || connReuseMode(kernelVersion{5, 9, 0}) != 1 || connReuseMode(kernelVersion{3, 10, 0}) != -1 {
+func TestConnReuseModeThresholds(t *testing.T) {
+	if connReuseMode(hostnet.KernelVersion{Major: 5, Minor: 8, Patch: 18}) != 0 || connReuseMode(hostnet.KernelVersion{Major: 5, Minor: 9, Patch: 0}) != 1 || connReuseMode(hostnet.KernelVersion{Major: 3, Minor: 10, Patch: 0}) != -1 {
 		t.Errorf("connReuseMode thresholds wrong")
 	}
 }

@@ -1,58 +1,10 @@
 package ipvs
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
-
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
-
-// kernelVersion is major.minor.patch of the running kernel.
-type kernelVersion struct{ major, minor, patch int }
-
-func (v kernelVersion) String() string { return fmt.Sprintf("%d.%d.%d", v.major, v.minor, v.patch) }
-
-func (v kernelVersion) atLeast(major, minor int) bool {
-	return v.major > major || v.major == major && v.minor >= minor
-}
-
-// parseKernelRelease reads "6.1.0-56-amd64", "5.10.0", "4.19.112+" and the like.
-func parseKernelRelease(release string) (kernelVersion, error) {
-	var nums [3]int
-	parts := strings.SplitN(release, ".", 3)
-	for i, p := range parts {
-		end := 0
-		for end < len(p) && p[end] >= '0' && p[end] <= '9' {
-			end++
-		}
-		if end == 0 {
-			if i < 2 {
-				return kernelVersion{}, fmt.Errorf("unparsable kernel release %q", release)
-			}
-			break
-		}
-		nums[i], _ = strconv.Atoi(p[:end])
-		if end < len(p) {
-			break
-		}
-	}
-	if len(parts) < 2 {
-		return kernelVersion{}, fmt.Errorf("unparsable kernel release %q", release)
-	}
-	return kernelVersion{nums[0], nums[1], nums[2]}, nil
-}
-
-func runningKernel() (kernelVersion, error) {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return kernelVersion{}, fmt.Errorf("uname: %w", err)
-	}
-	return parseKernelRelease(unix.ByteSliceToString(u.Release[:]))
-}
 
 // connReuseMode returns the conn_reuse_mode to set on a kernel, or -1 to leave it alone.
 //
@@ -66,11 +18,11 @@ func runningKernel() (kernelVersion, error) {
 // older kube-proxy stays). Between 4.1 and 5.9 sluice keeps upstream's 0: a one-second
 // stall of every reused port is worse than the weight-0 leak, which expire_nodest_conn
 // ends when the real server is deleted. Before 4.1 the sysctl does not exist.
-func connReuseMode(v kernelVersion) int {
+func connReuseMode(v hostnet.KernelVersion) int {
 	switch {
-	case !v.atLeast(4, 1):
+	case !v.AtLeast(4, 1):
 		return -1
-	case v.atLeast(5, 9):
+	case v.AtLeast(5, 9):
 		return 1
 	}
 	return 0
@@ -82,7 +34,7 @@ func connReuseMode(v kernelVersion) int {
 // and of persistence templates of quiesced ones (weight 0), forwarding, and strict ARP when
 // asked (so the node does not answer ARP for the addresses on the dummy device, which
 // MetalLB's L2 mode needs).
-func setupSysctls(s hostnet.Sysctls, v kernelVersion, strictARP bool, logger klog.Logger) error {
+func setupSysctls(s hostnet.Sysctls, v hostnet.KernelVersion, strictARP bool, logger klog.Logger) error {
 	want := []struct {
 		name  string
 		value int

@@ -1,13 +1,11 @@
 package leftovers
 
 import (
-	"errors"
 	"fmt"
-	"strings"
-	"syscall"
 
 	"github.com/google/nftables"
 
+	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -28,7 +26,7 @@ func DeleteNFTablesTable(family model.IPFamily) (deleted bool, err error) {
 	}
 	tables, err := c.ListTablesOfFamily(tf)
 	if err != nil {
-		if isNotSupported(err) {
+		if hostnet.IsNotSupported(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("list nf_tables tables: %w", err)
@@ -47,11 +45,4 @@ func DeleteNFTablesTable(family model.IPFamily) (deleted bool, err error) {
 		return false, fmt.Errorf("delete nftables table %s: %w", NFTablesTable, err)
 	}
 	return true, nil
-}
-
-// isNotSupported reports whether err says a kernel subsystem is missing.
-func isNotSupported(err error) bool {
-	var errno syscall.Errno
-	return errors.As(err, &errno) && (errno == syscall.EPROTONOSUPPORT || errno == syscall.EAFNOSUPPORT || errno == syscall.EOPNOTSUPP) ||
-		strings.Contains(fmt.Sprint(err), "not supported")
 }

@@ -1,9 +1,7 @@
 package nftables
 
 import (
-	"errors"
 	"fmt"
-	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -373,16 +371,4 @@ func (o *op) describe() string {
 		return "delete elements from " + o.name
 	}
 	return "op"
-}
-
-// isNotSupported reports errors meaning nf_tables is missing from the kernel.
-func isNotSupported(err error) bool {
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		switch errno {
-		case syscall.EPROTONOSUPPORT, syscall.EOPNOTSUPP, syscall.EAFNOSUPPORT:
-			return true
-		}
-	}
-	return false
 }

@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -34,8 +35,8 @@ type Backend struct {
 	// as a whole): a full read that differs from it found drift.
 	trusted  bool
 	lastFull time.Time
-	// leftoversPending is set until the first successful sync has removed the iptables
-	// and ipvs modes' leftovers.
+	// leftoversPending is set until the first successful sync has removed the other
+	// modes' leftovers.
 	leftoversPending bool
 
 	deleteChainsNow bool
@@ -67,8 +68,8 @@ type options struct {
 	recordPlan     bool
 }
 
-// WithoutLeftoverCleanup skips removing the iptables and ipvs modes' leftovers at start
-// (tests that create many backends in a namespace that never had them).
+// WithoutLeftoverCleanup skips removing other modes' leftovers (leftovers.RemoveOtherModes)
+// after the first sync (tests that create many backends in a namespace that never had them).
 func WithoutLeftoverCleanup() Option { return func(o *options) { o.skipLeftovers = true } }
 
 // WithBatchLimits bounds each transaction to maxBytes and maxMessages (benchmarks and
@@ -98,10 +99,10 @@ func withFault(fault func(types.NamespacedName, []*model.ServicePort) faultKind)
 	return func(o *options) { o.fault = fault }
 }
 
-// New checks that this kernel can run the nftables mode, removes the leftovers of the
-// iptables and ipvs modes, and returns a Backend for cfg.Family. It does not touch the
-// kube-proxy table: the first Apply reads it (whoever wrote it, sluice or upstream
-// kube-proxy) and converges it, without flushing.
+// New checks that this kernel can run the nftables mode and returns a Backend for
+// cfg.Family. It does not touch the kube-proxy table: the first Apply reads it (whoever
+// wrote it, sluice or upstream kube-proxy) and converges it, without flushing. The other
+// modes' leftovers are removed after the first successful sync.
 func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, error) {
 	o := options{limits: defaultBatchLimits, localAddrs: hostnet.InterfaceAddrs, now: time.Now}
 	for _, opt := range opts {
@@ -113,7 +114,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	if cfg.MasqueradeBit < 0 || cfg.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("masquerade bit %d out of range 0-31", cfg.MasqueradeBit)
 	}
-	kv, err := runningKernel()
+	kv, err := hostnet.RunningKernel()
 	if err != nil {
 		return nil, fmt.Errorf("check kernel version: %w", err)
 	}
@@ -135,7 +136,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		app:             &applier{c: c, f: f, limits: o.limits},
 		fault:           o.fault,
 		needFull:        true,
-		deleteChainsNow: kv.atLeast(6, 2),
+		deleteChainsNow: kv.AtLeast(6, 2),
 		localAddrs:      o.localAddrs,
 		now:             o.now,
 		skipValidation:  o.skipValidation,
@@ -147,24 +148,6 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	b.leftoversPending = !o.skipLeftovers
 	logger.V(2).Info("Using nftables", "kernel", kv.String(), "mark", markString(b.mark()))
 	return b, nil
-}
-
-// removeLeftovers deletes the iptables and ipvs modes' rules (kube-proxy's or sluice's).
-// Called once, after the first sync put this table in place. A failure is logged and not
-// retried: the leftovers are rules kube-proxy wrote for the same Services, so until an
-// operator runs `sluice --cleanup` they at worst send a new connection where the old
-// ruleset would have.
-func (b *Backend) removeLeftovers(ctx context.Context) {
-	b.leftoversPending = false
-	lctx := klog.NewContext(ctx, b.logger)
-	if err := cleanupIPTablesLeftovers(lctx, b.f, b.c); err != nil {
-		b.logger.Error(err, "Failed to remove iptables leftovers of kube-proxy")
-	}
-	if b.cfg.Family == model.IPv4 {
-		if err := cleanupIPVSLeftovers(lctx); err != nil {
-			b.logger.Error(err, "Failed to remove ipvs leftovers of kube-proxy")
-		}
-	}
 }
 
 // Close releases the netlink socket. The table stays.
@@ -345,7 +328,8 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		b.lastFull = start
 	}
 	if out.Err == nil && b.leftoversPending {
-		b.removeLeftovers(ctx)
+		b.leftoversPending = false
+		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeNFTables, b.cfg.Family, nil)
 	}
 	b.logger.V(2).Info("Synced nftables", "full", full, "replaced", p.replace, "services", len(desired.Services),
 		"operations", b.stats.Operations, "batches", b.stats.Batches, "messages", b.stats.Messages,
@@ -369,39 +353,13 @@ func (b *Backend) layout(desired *model.NodeState) *layoutConfig {
 // Cleanup deletes the kube-proxy table of one family (for `sluice cleanup` and mode
 // switches), whoever wrote it. A missing table is not an error.
 func Cleanup(ctx context.Context, family model.IPFamily) error {
-	c, err := openConn()
+	deleted, err := leftovers.DeleteNFTablesTable(family)
 	if err != nil {
-		return err
-	}
-	defer c.close()
-	f := familyOf(family)
-	if err := deleteTable(c, f); err != nil {
 		metrics.NFTablesCleanupFailuresTotal.WithLabelValues(family.String()).Inc()
 		return err
 	}
-	klog.FromContext(ctx).V(2).Info("Deleted the kube-proxy nftables table", "ipFamily", family.String())
-	return nil
-}
-
-func deleteTable(c *conn, f *family) error {
-	m, err := c.request(unix.NFT_MSG_GETTABLE, byte(f.nf), func(b *msgBuilder) { b.str(unix.NFTA_TABLE_NAME, kubeProxyTable) })
-	if err != nil {
-		if isNotSupported(err) {
-			return nil // no nf_tables, no table
-		}
-		return fmt.Errorf("look up table %s %s: %w", f.name, kubeProxyTable, err)
-	}
-	if m == nil {
-		return nil
-	}
-	enc := newEncoder(f)
-	enc.encodeOp(&op{kind: opDeleteTable, name: kubeProxyTable}, 0)
-	errs, err := c.sendBatch(enc.b.buf, enc.count)
-	if err != nil {
-		return fmt.Errorf("delete table %s %s: %w", f.name, kubeProxyTable, err)
-	}
-	if len(errs) > 0 && errs[0].errno != unix.ENOENT {
-		return fmt.Errorf("delete table %s %s: %w", f.name, kubeProxyTable, errs[0])
+	if deleted {
+		klog.FromContext(ctx).V(2).Info("Deleted the kube-proxy nftables table", "ipFamily", family.String())
 	}
 	return nil
 }

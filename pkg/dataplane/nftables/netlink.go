@@ -8,9 +8,10 @@ import (
 	"slices"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluiceproxy/sluice/pkg/hostnet/nlattr"
 )
 
 // This file is the transport: one NETLINK_NETFILTER socket, batches sent in one sendmsg,
@@ -29,8 +30,6 @@ const (
 	nlmsgHdrLen        = unix.SizeofNlMsghdr
 	nfgenHdrLen        = 4
 )
-
-var debugBatches = os.Getenv("SLUICE_NFT_DEBUG_BATCHES") != ""
 
 // conn is a netlink socket to nf_tables in the current network namespace.
 type conn struct {
@@ -263,12 +262,8 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	// Room for an error per message (header-only errors, ~1 KiB of socket accounting each).
 	c.growRcvbuf(min(count*1024+(1<<20), 256<<20))
 
-	sendStart := time.Now()
 	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
 		return nil, fmt.Errorf("send batch of %d messages (%d bytes): %w", count, len(b.buf), err)
-	}
-	if debugBatches {
-		fmt.Fprintf(os.Stderr, "batch: %d messages, %d bytes, %v\n", count, len(b.buf), time.Since(sendStart))
 	}
 	c.stats.Batches++
 	c.stats.Messages += count
@@ -358,20 +353,13 @@ func splitMessages(b []byte) []nlMsg {
 func extAckMsg(data []byte) string {
 	// errno (4) + the original header (16, payload capped by NETLINK_CAP_ACK), then TLVs.
 	off := 4 + nlmsgHdrLen
-	for off+4 <= len(data) {
-		l := int(binary.NativeEndian.Uint16(data[off:]))
-		t := binary.NativeEndian.Uint16(data[off+2:]) &^ unix.NLA_F_NESTED
-		if l < 4 || off+l > len(data) {
-			break
+	if len(data) < off {
+		return ""
+	}
+	for it := nlattr.NewIter(data[off:]); it.Next(); {
+		if it.Type() == unix.NLMSGERR_ATTR_MSG {
+			return nlattr.String(it.Value())
 		}
-		if t == unix.NLMSGERR_ATTR_MSG {
-			s := data[off+4 : off+l]
-			for len(s) > 0 && s[len(s)-1] == 0 {
-				s = s[:len(s)-1]
-			}
-			return string(s)
-		}
-		off += (l + 3) &^ 3
 	}
 	return ""
 }
@@ -490,51 +478,26 @@ func (c *conn) request(msgType uint16, family byte, attrs func(b *msgBuilder)) (
 	}
 }
 
-// attrIter walks netlink attributes.
+// attrIter walks netlink attributes (nlattr.Iter, with the current attribute in fields,
+// as the readers of this package use it).
 type attrIter struct {
-	b   []byte
+	it  nlattr.Iter
 	typ uint16
 	val []byte
 }
 
-func newAttrIter(b []byte) *attrIter { return &attrIter{b: b} }
+func newAttrIter(b []byte) *attrIter { return &attrIter{it: nlattr.NewIter(b)} }
 
 func (it *attrIter) next() bool {
-	if len(it.b) < 4 {
+	if !it.it.Next() {
 		return false
 	}
-	l := int(binary.NativeEndian.Uint16(it.b))
-	if l < 4 || l > len(it.b) {
-		return false
-	}
-	it.typ = binary.NativeEndian.Uint16(it.b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
-	it.val = it.b[4:l]
-	adv := (l + 3) &^ 3
-	if adv > len(it.b) {
-		adv = len(it.b)
-	}
-	it.b = it.b[adv:]
+	it.typ, it.val = it.it.Type(), it.it.Value()
 	return true
 }
 
-func (it *attrIter) str() string {
-	s := it.val
-	for len(s) > 0 && s[len(s)-1] == 0 {
-		s = s[:len(s)-1]
-	}
-	return string(s)
-}
+func (it *attrIter) str() string { return nlattr.String(it.val) }
 
-func (it *attrIter) u32() uint32 {
-	if len(it.val) < 4 {
-		return 0
-	}
-	return binary.BigEndian.Uint32(it.val)
-}
+func (it *attrIter) u32() uint32 { return nlattr.Uint32(it.val) }
 
-func (it *attrIter) u64() uint64 {
-	if len(it.val) < 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(it.val)
-}
+func (it *attrIter) u64() uint64 { return nlattr.Uint64(it.val) }
