@@ -378,8 +378,9 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 	// (KUBE-IPVS-FILTER): TCP with a reset, UDP with ICMP port unreachable.
 	expectRefusedAtOnce(t, tp.client, "tcp", "10.96.0.10:22")
 	expectRefusedAtOnce(t, tp.client, "udp", "10.96.0.10:22")
-	// A Service without endpoints is refused by IPVS itself (port unreachable).
-	expectBlocked(t, tp.client, netip.Addr{}, "10.96.0.12:80", true)
+	// A Service without endpoints: TCP is refused with a reset by KUBE-IPVS-FILTER before
+	// IPVS sees the SYN (KUBE-SLUICE-NO-ENDPOINTS-TCP).
+	expectRefusedAtOnce(t, tp.client, "tcp", "10.96.0.12:80")
 }
 
 func TestKernelNodePortLoadBalancerAndExternalIP(t *testing.T) {
@@ -806,7 +807,8 @@ func TestKernelIPv6(t *testing.T) {
 	}
 	state := stateOfFamily(model.IPv6,
 		svcPort("ns/web6", "fd00:96::10", 80, nodePort(30600), endpoints("[fd00:244:1::2]:8080")),
-		svcPort("ns/none6", "fd00:96::11", 80))
+		svcPort("ns/none6", "fd00:96::11", 80, nodePort(30611)),
+		svcPort("ns/none6udp", "fd00:96::12", 53, udp))
 	state.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:c::1")}}
 	kernelApply(t, b, state, model.Changes{Full: true})
 	for _, to := range []string{"[fd00:96::10]:80", "[fd00:c::1]:30600"} {
@@ -818,13 +820,12 @@ func TestKernelIPv6(t *testing.T) {
 	// counts only at the SYN's retransmit), UDP with ICMPv6 port unreachable.
 	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:96::10]:22")
 	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:96::10]:22")
-	// A Service without endpoints is refused by IPVS itself, with ICMPv6 port unreachable
-	// for TCP too (the kernel's choice; see the README): refused, but not at once.
-	took, err := refusal(tp.client, "tcp", "[fd00:96::11]:80")
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Errorf("IPv6 Service without endpoints: %v after %v, want connection refused", err, took)
-	}
-	t.Logf("IPv6 TCP to a virtual server without real servers refused after %v", took.Round(time.Millisecond))
+	// A Service without endpoints: TCP is refused with a reset at once, on its ClusterIP and
+	// its NodePort (IPVS's own ICMPv6 port unreachable would count only at the SYN's
+	// retransmit, after a second); UDP keeps IPVS's ICMPv6 port unreachable.
+	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:96::11]:80")
+	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:c::1]:30611")
+	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:96::12]:53")
 	if out := run(t, "ipset", "list", "-n"); !strings.Contains(out, "KUBE-6-CLUSTER-IP") {
 		t.Errorf("IPv6 sets missing:\n%s", out)
 	}

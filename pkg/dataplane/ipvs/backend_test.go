@@ -135,8 +135,9 @@ func TestTrafficPoliciesChooseRealServers(t *testing.T) {
 		name string
 		port *model.ServicePort
 		want map[vsKey][]string
-		// noLocal are the entries of KUBE-SLUICE-NO-LOCAL-EPS.
-		noLocal []string
+		// noLocal are the entries of KUBE-SLUICE-NO-LOCAL-EPS, noEndpoints those of
+		// KUBE-SLUICE-NO-ENDPOINTS-TCP (TCP virtual servers without real servers).
+		noLocal, noEndpoints []string
 	}{{
 		name: "cluster policy uses every endpoint",
 		port: svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), endpoints(local, remote)),
@@ -151,17 +152,28 @@ func TestTrafficPoliciesChooseRealServers(t *testing.T) {
 		want:    map[vsKey][]string{cip("10.96.0.10"): {remote}, np(30010): {remote}},
 		noLocal: []string{"192.168.0.10,tcp:30010"},
 	}, {
-		name: "external Local without any endpoint has no real server and nothing to drop",
-		port: svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal),
-		want: map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): nil},
+		name:        "external Local without any endpoint has no real server and nothing to drop",
+		port:        svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal),
+		want:        map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): nil},
+		noEndpoints: []string{"10.96.0.10,tcp:80", "192.168.0.10,tcp:30010"},
+	}, {
+		name:        "cluster policy without any endpoint refuses every frontend with a reset",
+		port:        svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalIPs("203.0.113.7")),
+		want:        map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): nil, cip("203.0.113.7"): nil},
+		noEndpoints: []string{"10.96.0.10,tcp:80", "192.168.0.10,tcp:30010", "203.0.113.7,tcp:80"},
+	}, {
+		name: "UDP without any endpoint is left to IPVS",
+		port: svcPort("ns/a", "10.96.0.10", 53, udp, nodePort(30053)),
+		want: map[vsKey][]string{{model.UDP, addr("10.96.0.10"), 53}: nil, {model.UDP, nodeIP, 30053}: nil},
 	}, {
 		name: "internal Local uses local endpoints for the ClusterIP",
 		port: svcPort("ns/a", "10.96.0.10", 80, internalLocal, endpoints(local, remote)),
 		want: map[vsKey][]string{cip("10.96.0.10"): {local}},
 	}, {
-		name: "internal Local without local endpoints leaves the ClusterIP without real servers",
-		port: svcPort("ns/a", "10.96.0.10", 80, internalLocal, nodePort(30010), endpoints(remote)),
-		want: map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): {remote}},
+		name:        "internal Local without local endpoints leaves the ClusterIP without real servers",
+		port:        svcPort("ns/a", "10.96.0.10", 80, internalLocal, nodePort(30010), endpoints(remote)),
+		want:        map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): {remote}},
+		noEndpoints: []string{"10.96.0.10,tcp:80"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,6 +201,9 @@ func TestTrafficPoliciesChooseRealServers(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.noLocal, k.setEntries("KUBE-SLUICE-NO-LOCAL-EPS")); diff != "" {
 				t.Errorf("no-local-endpoints set (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.noEndpoints, k.setEntries("KUBE-SLUICE-NO-ENDPOINTS-TCP")); diff != "" {
+				t.Errorf("no-endpoints set (-want +got):\n%s", diff)
 			}
 		})
 	}

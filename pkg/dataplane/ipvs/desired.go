@@ -78,7 +78,8 @@ func (r *serviceRecord) vs(k vsKey) *desiredVS {
 //
 // Real servers per frontend (see docs/ipvs.md for the differences from upstream):
 //   - ClusterIP: the Local endpoints when internalTrafficPolicy is Local (none: the virtual
-//     server has no real server and IPVS answers "port unreachable"), else the Cluster ones.
+//     server has no real server and IPVS answers "port unreachable"; for TCP it goes into
+//     setNoEndpointsTCP, whose filter rule answers with a reset first), else the Cluster ones.
 //   - NodePorts, externalIPs and LoadBalancer IPs: the Cluster endpoints, or with
 //     externalTrafficPolicy Local the Local ones; when there is no Local one, the Cluster ones
 //     (upstream's fallback, which keeps the Service working for pods and for the node) and
@@ -87,19 +88,22 @@ func (r *serviceRecord) vs(k vsKey) *desiredVS {
 func buildRecord(ports []*model.ServicePort, env *planEnv) *serviceRecord {
 	r := &serviceRecord{}
 	seen := map[vsKey]bool{}
+	member := func(set ipsetID, e setEntry) {
+		r.members = append(r.members, setMember{set: set, entry: e.normalize(ipsets[set].typ)})
+	}
 	addVS := func(sp *model.ServicePort, addr netip.Addr, port int32, bind bool, eps []netip.AddrPort, params vsParams) {
 		k := vsKey{Proto: sp.Name.Protocol, Addr: addr, Port: uint16(port)}
 		if !addr.IsValid() || port <= 0 || port > 65535 || seen[k] {
 			return
 		}
 		seen[k] = true
+		if len(eps) == 0 && sp.Name.Protocol == model.TCP {
+			member(setNoEndpointsTCP, setEntry{IP: addr, Proto: protoNumber(model.TCP), Port: uint16(port)})
+		}
 		r.vss = append(r.vss, desiredVS{
 			key: k, params: params, bind: bind, realServers: eps, port: sp.Name,
 			udpLike: sp.Name.Protocol != model.TCP,
 		})
-	}
-	member := func(set ipsetID, e setEntry) {
-		r.members = append(r.members, setMember{set: set, entry: e.normalize(ipsets[set].typ)})
 	}
 
 	for _, sp := range ports {

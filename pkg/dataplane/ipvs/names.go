@@ -90,7 +90,7 @@ const (
 // ipsetID names one of the backend's ipsets independently of the family.
 type ipsetID int
 
-// The ipsets, upstream's (pkg/proxy/ipvs/ipset.go) plus one of sluice's own.
+// The ipsets, upstream's (pkg/proxy/ipvs/ipset.go) plus two of sluice's own.
 const (
 	setLoopBack ipsetID = iota
 	setClusterIP
@@ -110,6 +110,7 @@ const (
 	setHealthCheckNodePort
 	setIPVSIPs
 	setNoLocalEndpoints
+	setNoEndpointsTCP
 	numIPSets
 )
 
@@ -143,6 +144,11 @@ var ipsets = [numIPSets]ipsetInfo{
 	// and the node itself still reach the Service, and the firewall drops what comes from
 	// elsewhere, as the iptables and nftables modes do. See docs/ipvs.md.
 	setNoLocalEndpoints: {"KUBE-SLUICE-NO-LOCAL-EPS", typeHashIPPort, "sluice: externalTrafficPolicy=Local frontends without local endpoints"},
+	// sluice only: TCP virtual servers without a real server. IPVS would answer their clients
+	// with ICMP port unreachable, which Linux TCP takes as a soft error during connect (an
+	// IPv6 client is refused only after a SYN retransmit); KUBE-IPVS-FILTER refuses them
+	// with a reset first, as the iptables and nftables modes do. See docs/ipvs.md.
+	setNoEndpointsTCP: {"KUBE-SLUICE-NO-ENDPOINTS-TCP", typeHashIPPort, "sluice: TCP virtual servers without real servers"},
 }
 
 // ipsetName returns a set's name in a family. Upstream keeps the IPv4 names and turns

@@ -166,6 +166,13 @@ func renderRules(cfg ruleConfig, outFilter []outFilterRule) *ruleset {
 	filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding conntrack rule", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"}, jump("ACCEPT"))
 	filter(chainNodePort, withComment(setHealthCheckNodePort, "dst"), jump("ACCEPT"))
 
+	// sluice: a TCP virtual server without a real server is refused with a reset before IPVS
+	// sees the SYN (IPVS's own answer, ICMP port unreachable, leaves an IPv6 client waiting
+	// for its SYN retransmit). Connections the node itself opens meet IPVS in OUTPUT, before
+	// any filter rule may REJECT, and still get IPVS's answer.
+	filter(chainIPVSFilter, []string{"-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"}, withComment(setNoEndpointsTCP, "dst,dst"),
+		[]string{"-j", "REJECT", "--reject-with", "tcp-reset"})
+
 	// Nothing but the Services' ports answers on the addresses the dummy device holds
 	// (https://issues.k8s.io/72236).
 	filter(chainIPVSFilter, matchSet(setLoadBalancer, "dst,dst"), jump("RETURN"))

@@ -11,7 +11,8 @@ import (
 )
 
 // ipvsIPSets are the ipvs mode's ipsets, by their IPv4 names: upstream's
-// (pkg/proxy/ipvs/ipset.go) and sluice's own KUBE-SLUICE-NO-LOCAL-EPS. The ipvs backend
+// (pkg/proxy/ipvs/ipset.go) and sluice's own KUBE-SLUICE-NO-LOCAL-EPS and
+// KUBE-SLUICE-NO-ENDPOINTS-TCP. The ipvs backend
 // keeps them with their types in pkg/dataplane/ipvs/names.go; a test there checks that this
 // list names the same sets.
 var ipvsIPSets = []string{
@@ -19,7 +20,7 @@ var ipvsIPSets = []string{
 	"KUBE-LOAD-BALANCER-LOCAL", "KUBE-LOAD-BALANCER-FW", "KUBE-LOAD-BALANCER-SOURCE-IP", "KUBE-LOAD-BALANCER-SOURCE-CIDR",
 	"KUBE-NODE-PORT-TCP", "KUBE-NODE-PORT-LOCAL-TCP", "KUBE-NODE-PORT-UDP", "KUBE-NODE-PORT-LOCAL-UDP",
 	"KUBE-NODE-PORT-SCTP-HASH", "KUBE-NODE-PORT-LOCAL-SCTP-HASH", "KUBE-HEALTH-CHECK-NODE-PORT", "KUBE-IPVS-IPS",
-	"KUBE-SLUICE-NO-LOCAL-EPS",
+	"KUBE-SLUICE-NO-LOCAL-EPS", "KUBE-SLUICE-NO-ENDPOINTS-TCP",
 }
 
 // maxIPSetNameLength is the kernel's limit on ipset names (IPSET_MAXNAMELEN - 1).
