@@ -14,15 +14,20 @@ import (
 // memory. managedFields and ownerReferences go from every object (upstream drops
 // managedFields too); annotations go except the ones sluice reads (a kubectl
 // last-applied-configuration alone can be larger than the rest of the object); an
-// EndpointSlice keeps only the labels that name its Service, and of each endpoint only what
-// endpoint selection reads (its targetRef, a full object reference per endpoint, is the
-// largest part of a slice); a Service keeps only the label the model reads and loses its
+// EndpointSlice is cached as a cachedSlice, which keeps only the labels that name its
+// Service, its trigger time, and of each endpoint only what endpoint selection reads (its
+// targetRef, a full object reference per endpoint, was the largest part of a slice); a
+// Service keeps only the label the model reads and loses its
 // selector and status conditions; Node status keeps only what the proxy uses. Lists are cut
 // to their length: the API decoder appends an element at a time, so a slice of 10
 // endpoints arrives with room for 16.
 //
 // The informer hands slim the object it just decoded, so changing it in place is safe.
+// A cachedSlice comes back unchanged (a store may apply the transform again).
 func slim(obj any) (any, error) {
+	if _, ok := obj.(*cachedSlice); ok {
+		return obj, nil // already slimmed
+	}
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
 		m.SetOwnerReferences(nil)
@@ -35,30 +40,7 @@ func slim(obj any) (any, error) {
 		o.Spec.Ports = exactLength(o.Spec.Ports)
 		o.Status.Conditions = nil
 	case *discoveryv1.EndpointSlice:
-		o.Annotations = keepAnnotations(o.Annotations, AnnotationTriggerTime)
-		o.Labels = keepLabels(o.Labels, discoveryv1.LabelServiceName, v1.IsHeadlessService)
-		o.GenerateName = ""
-		o.Ports = exactLength(o.Ports)
-		o.Endpoints = exactLength(o.Endpoints)
-		for i := range o.Ports {
-			p := &o.Ports[i]
-			p.Name = sharedString(p.Name)
-			p.Protocol = sharedProtocol(p.Protocol)
-		}
-		for i := range o.Endpoints {
-			ep := &o.Endpoints[i]
-			ep.TargetRef = nil
-			ep.Hostname = nil
-			ep.DeprecatedTopology = nil
-			// Every endpoint of a decoded slice has pointers of its own to the same few
-			// values: node names, zones, conditions. Sharing them is a third of a
-			// slice's memory once the rest is gone (BenchmarkSlimmedSliceHeap).
-			ep.NodeName = sharedString(ep.NodeName)
-			ep.Zone = sharedString(ep.Zone)
-			ep.Conditions.Ready = sharedBool(ep.Conditions.Ready)
-			ep.Conditions.Serving = sharedBool(ep.Conditions.Serving)
-			ep.Conditions.Terminating = sharedBool(ep.Conditions.Terminating)
-		}
+		return compactSlice(o), nil
 	case *v1.Node:
 		o.Annotations = nil
 		o.Status.Images = nil
@@ -143,6 +125,9 @@ func sharedProtocol(p *v1.Protocol) *v1.Protocol {
 	}
 	return p
 }
+
+// sharedValue returns a string equal to s, shared with every other caller's.
+func sharedValue(s string) string { return *sharedString(&s) }
 
 func sharedString(s *string) *string {
 	if s == nil {

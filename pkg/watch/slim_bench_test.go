@@ -110,26 +110,33 @@ func benchmarkSlimmedHeap(b *testing.B, unit string, decoded func(i int) any) {
 }
 
 // TestSlimSharesValuesAndKeepsThem: two decoded slices come out of slim sharing their
-// node names, zones and conditions, with the values they had, their endpoints in an array
-// of their length.
+// node names, zones, port names and protocols, with the values they had, their endpoints
+// in an array of their length.
 func TestSlimSharesValuesAndKeepsThem(t *testing.T) {
 	a, _ := slim(decodedSlice(0, 3))
 	b, _ := slim(decodedSlice(0, 3))
-	sa, sb := a.(*discoveryv1.EndpointSlice), b.(*discoveryv1.EndpointSlice)
-	if len(sa.Endpoints) != 3 || cap(sa.Endpoints) != 3 {
-		t.Errorf("endpoints: %d in an array of %d, want 3 in 3", len(sa.Endpoints), cap(sa.Endpoints))
+	ca, cb := a.(*cachedSlice), b.(*cachedSlice)
+	if len(ca.endpoints) != 3 || cap(ca.endpoints) != 3 {
+		t.Errorf("endpoints: %d in an array of %d, want 3 in 3", len(ca.endpoints), cap(ca.endpoints))
 	}
+	for i := range ca.endpoints {
+		if ca.endpoints[i].nodeName != cb.endpoints[i].nodeName || ca.endpoints[i].zone != cb.endpoints[i].zone {
+			t.Errorf("endpoint %d: pointers not shared", i)
+		}
+	}
+	sa, sb := ca.endpointSlice(), cb.endpointSlice()
 	for i := range sa.Endpoints {
 		ea, eb := &sa.Endpoints[i], &sb.Endpoints[i]
-		if ea.NodeName != eb.NodeName || ea.Zone != eb.Zone || ea.Conditions.Ready != eb.Conditions.Ready {
-			t.Errorf("endpoint %d: pointers not shared", i)
+		if ea.Conditions.Ready != eb.Conditions.Ready {
+			t.Errorf("endpoint %d: conditions not shared", i)
 		}
 		if *ea.NodeName != fmt.Sprintf("node-%d", i) || *ea.Zone != fmt.Sprintf("zone-%c", 'a'+i%3) ||
 			!*ea.Conditions.Ready || !*ea.Conditions.Serving || *ea.Conditions.Terminating {
 			t.Errorf("endpoint %d changed: %+v", i, ea)
 		}
 	}
-	if *sa.Ports[0].Name != "http" || *sa.Ports[0].Protocol != v1.ProtocolTCP || sa.Ports[0].Protocol != sb.Ports[0].Protocol {
+	if *sa.Ports[0].Name != "http" || *sa.Ports[0].Protocol != v1.ProtocolTCP || sa.Ports[0].Protocol != sb.Ports[0].Protocol ||
+		sa.Ports[0].Name != sb.Ports[0].Name {
 		t.Errorf("ports: %+v", sa.Ports[0])
 	}
 }

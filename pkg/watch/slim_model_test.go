@@ -137,7 +137,7 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slimSlices = append(slimSlices, out.(*discoveryv1.EndpointSlice))
+		slimSlices = append(slimSlices, out.(*cachedSlice).endpointSlice())
 	}
 	for _, opts := range []model.Options{{}, {IgnoreExternalIPs: true}} {
 		want := model.Compute(services, slices, node, cidrs, opts)

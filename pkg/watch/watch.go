@@ -4,8 +4,9 @@
 // here computes rules or touches the kernel.
 //
 // The informer caches are the only copy of API objects sluice keeps. Objects are slimmed on
-// the way in (managedFields and annotations sluice does not read are dropped) and the
-// tracker reads the current objects back through Source at sync time.
+// the way in (managedFields and annotations sluice does not read are dropped; an
+// EndpointSlice is kept in a compact form of its own, cachedSlice) and the tracker reads
+// the current objects back through Source at sync time.
 package watch
 
 import (
@@ -138,19 +139,19 @@ func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
 	}
 	if _, err := w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+			if s, ok := asEndpointSlice(obj); ok {
 				sink.OnEndpointSliceAdd(s)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
-			old, ok1 := oldObj.(*discoveryv1.EndpointSlice)
-			cur, ok2 := newObj.(*discoveryv1.EndpointSlice)
+			old, ok1 := asEndpointSlice(oldObj)
+			cur, ok2 := asEndpointSlice(newObj)
 			if ok1 && ok2 {
 				sink.OnEndpointSliceUpdate(old, cur)
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if s, ok := deletedObject[*discoveryv1.EndpointSlice](obj); ok {
+			if s, ok := asEndpointSlice(obj); ok {
 				sink.OnEndpointSliceDelete(s)
 			}
 		},
@@ -212,7 +213,8 @@ func (w *Watcher) Service(name types.NamespacedName) (*v1.Service, bool) {
 	return svc, ok
 }
 
-// EndpointSlices returns the current EndpointSlices of the Service named name.
+// EndpointSlices returns the current EndpointSlices of the Service named name, built
+// afresh from the cache's compact form (cachedSlice).
 func (w *Watcher) EndpointSlices(name types.NamespacedName) []*discoveryv1.EndpointSlice {
 	objs, err := w.slices.GetIndexer().ByIndex(serviceNameIndex, name.String())
 	if err != nil {
@@ -220,7 +222,7 @@ func (w *Watcher) EndpointSlices(name types.NamespacedName) []*discoveryv1.Endpo
 	}
 	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, obj := range objs {
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		if s, ok := asEndpointSlice(obj); ok {
 			out = append(out, s)
 		}
 	}
@@ -239,12 +241,12 @@ func (w *Watcher) Services() []*v1.Service {
 	return out
 }
 
-// AllEndpointSlices returns every cached EndpointSlice.
+// AllEndpointSlices returns every cached EndpointSlice, built afresh like EndpointSlices'.
 func (w *Watcher) AllEndpointSlices() []*discoveryv1.EndpointSlice {
 	objs := w.slices.GetStore().List()
 	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, obj := range objs {
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+		if s, ok := asEndpointSlice(obj); ok {
 			out = append(out, s)
 		}
 	}
@@ -282,15 +284,11 @@ func (w *Watcher) ServiceCIDRs() []netip.Prefix {
 }
 
 func indexByServiceName(obj any) ([]string, error) {
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
+	s, ok := obj.(*cachedSlice)
+	if !ok || s.serviceName == "" {
 		return nil, nil
 	}
-	name := s.Labels[discoveryv1.LabelServiceName]
-	if name == "" {
-		return nil, nil
-	}
-	return []string{s.Namespace + "/" + name}, nil
+	return []string{s.namespace + "/" + s.serviceName}, nil
 }
 
 // deletedObject unwraps the tombstone an informer hands out when it missed a delete.

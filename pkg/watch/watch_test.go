@@ -201,7 +201,7 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 			Annotations: map[string]string{AnnotationTriggerTime: "2026-01-02T03:04:05Z", AnnotationScheduler: "sh", "other": big},
 		}},
 		check: func(t *testing.T, out any) {
-			s := out.(*discoveryv1.EndpointSlice)
+			s := out.(*cachedSlice).endpointSlice()
 			if want := map[string]string{AnnotationTriggerTime: "2026-01-02T03:04:05Z"}; !mapsEqual(s.Annotations, want) {
 				t.Errorf("annotations %v, want %v", s.Annotations, want)
 			}
@@ -230,7 +230,7 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 			}},
 		},
 		check: func(t *testing.T, out any) {
-			s := out.(*discoveryv1.EndpointSlice)
+			s := out.(*cachedSlice).endpointSlice()
 			want := map[string]string{discoveryv1.LabelServiceName: "a", v1.IsHeadlessService: ""}
 			if !mapsEqual(s.Labels, want) || s.OwnerReferences != nil {
 				t.Errorf("labels %v (want %v), ownerReferences %v", s.Labels, want, s.OwnerReferences)

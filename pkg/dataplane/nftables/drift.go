@@ -31,7 +31,8 @@ func driftOf(prev, read *tableState) *dataplane.Drift {
 			d.Add("chain", name+" added")
 		}
 	}
-	slots := slotContents(prev)
+	slots := slotsBySet(prev)
+	var want intervalElems // one endpoint map's at a time, the array reused
 	for _, name := range sortedKeys(prev.sets) {
 		rs, ok := read.sets[name]
 		if !ok {
@@ -39,7 +40,8 @@ func driftOf(prev, read *tableState) *dataplane.Drift {
 			continue
 		}
 		if isEndpointMap(name) {
-			diffIntervals(d, name, slots[name], rs.intervals)
+			want = slotContents(want[:0], slots[name])
+			diffIntervals(d, name, want, rs.intervals)
 			continue
 		}
 		want := prev.sets[name].elems
@@ -56,23 +58,31 @@ func driftOf(prev, read *tableState) *dataplane.Drift {
 	return d
 }
 
-// slotContents is what the endpoint maps hold according to the Services' slot records,
-// in the form and order a full read gives them (fixed-size elements, not a map: they are
-// two per endpoint).
-func slotContents(st *tableState) map[string]intervalElems {
-	out := map[string]intervalElems{}
+// slotsBySet groups the Services' slot records by endpoint map.
+func slotsBySet(st *tableState) map[string][]*slotRecord {
+	out := map[string][]*slotRecord{}
 	for _, rec := range st.services {
-		for _, sl := range rec.slots {
-			for j, ep := range sl.eps {
-				lo, hi := blockRange(sl.base, j, len(sl.eps))
-				out[sl.set] = append(out[sl.set], intervalStart(lo, ep.AddrPort()), intervalElem{v: hi, end: true})
-			}
+		for i := range rec.slots {
+			sl := &rec.slots[i]
+			out[sl.set] = append(out[sl.set], sl)
 		}
 	}
-	for _, es := range out {
-		slices.SortFunc(es, compareIntervalElems)
-	}
 	return out
+}
+
+// slotContents appends to buf what one endpoint map holds according to its slot records,
+// in the form and order a full read gives them (fixed-size elements, not a map: they are
+// two per endpoint). Drift builds one map's at a time: all of them together are as large
+// as the read they are compared with, and would be held beside it.
+func slotContents(buf intervalElems, slots []*slotRecord) intervalElems {
+	for _, sl := range slots {
+		for j, ep := range sl.eps {
+			lo, hi := blockRange(sl.base, j, len(sl.eps))
+			buf = append(buf, intervalStart(lo, ep.AddrPort()), intervalElem{v: hi, end: true})
+		}
+	}
+	slices.SortFunc(buf, compareIntervalElems)
+	return buf
 }
 
 // intervalStart is the start element of a range at v holding endpoint ap, as the kernel
