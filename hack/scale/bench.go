@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -275,6 +276,10 @@ type proxyRun struct {
 	start      time.Time
 	base       string // http://node:metricsPort
 	metricsURL string
+	// debug fetches the debug pages (pprof), which sluice serves to loopback clients only:
+	// its connections are opened inside the node's namespace, to debugBase on 127.0.0.1.
+	debug     *http.Client
+	debugBase string
 }
 
 // startProxy writes the proxy's configuration into the node's log directory and starts
@@ -303,7 +308,8 @@ func (b *bench) startProxy(n *node, r runSpec, s proxySettings) (*proxyRun, erro
 	}
 	args = append(args, bin, "--config", cfgPath, "--hostname-override", n.name, "--kubeconfig", b.cp.ProxyKubeconfig())
 	base := fmt.Sprintf("http://%s", netip.AddrPortFrom(n.host.APIAddress, metricsPort))
-	pr := &proxyRun{spec: r, start: time.Now(), base: base, metricsURL: base + "/metrics"}
+	pr := &proxyRun{spec: r, start: time.Now(), base: base, metricsURL: base + "/metrics",
+		debug: clientInNetns(&n.host.Host), debugBase: fmt.Sprintf("http://127.0.0.1:%d", metricsPort)}
 	if pr.proc, err = n.host.Start("proxy", "/usr/bin/env", args...); err != nil {
 		return nil, err
 	}
@@ -358,7 +364,8 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	}
 	res.LogPath = pr.proc.LogPath
 	defer pr.proc.Stop()
-	pid, base, metricsURL, start := pr.pid, pr.base, pr.metricsURL, pr.start
+	pid, metricsURL, start := pr.pid, pr.metricsURL, pr.start
+	debug, base := pr.debug, pr.debugBase
 	helpers := startHelperSampler(pid, 100*time.Millisecond)
 	defer helpers.Stop()
 
@@ -387,7 +394,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 			// nothing but the wait, and the few endpoint moves in it take milliseconds.
 			p := filepath.Join(o.outDir, name+".cold.cpu.pprof")
 			secs := int(o.profileWindow.Seconds())
-			if err := fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, secs), p, o.profileWindow+30*time.Second); err != nil {
+			if err := fetch(ctx, debug, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, secs), p, o.profileWindow+30*time.Second); err != nil {
 				logf("cold CPU profile: %v", err)
 				return
 			}
@@ -422,7 +429,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	}
 	if res.Profiled {
 		p := filepath.Join(o.outDir, name+".after-cold.heap.pprof")
-		if err := fetch(ctx, base+"/debug/pprof/heap?gc=1", p, 30*time.Second); err == nil {
+		if err := fetch(ctx, debug, base+"/debug/pprof/heap?gc=1", p, 30*time.Second); err == nil {
 			addProfile(p)
 		}
 	}
@@ -438,7 +445,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 		go func() {
 			defer profiles.Done()
 			p := filepath.Join(o.outDir, name+".changes.cpu.pprof")
-			if err := fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(window.Seconds())), p, window+30*time.Second); err != nil {
+			if err := fetch(ctx, debug, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(window.Seconds())), p, window+30*time.Second); err != nil {
 				logf("endpoint-change CPU profile: %v", err)
 				return
 			}
@@ -506,7 +513,7 @@ func (b *bench) measureOn(ctx context.Context, tb *programTB, r runSpec, name st
 	}
 	if res.Profiled {
 		p := filepath.Join(o.outDir, name+".end.heap.pprof")
-		if err := fetch(ctx, base+"/debug/pprof/heap", p, 30*time.Second); err == nil {
+		if err := fetch(ctx, debug, base+"/debug/pprof/heap", p, 30*time.Second); err == nil {
 			addProfile(p)
 		}
 	}
@@ -720,14 +727,30 @@ func watchFirstSync(ctx context.Context, url string, start time.Time, timeout ti
 }
 
 // fetch saves url to path.
-func fetch(ctx context.Context, url, path string, timeout time.Duration) error {
+// clientInNetns returns an HTTP client whose connections are opened in host's namespace
+// (a socket stays in the namespace it was made in, whichever thread uses it later).
+func clientInNetns(host *topology.Host) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := host.Do(func() error {
+				var err error
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		},
+	}}
+}
+
+func fetch(ctx context.Context, client *http.Client, url, path string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
