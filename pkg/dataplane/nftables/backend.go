@@ -373,17 +373,3 @@ func (b *Backend) layout(desired *model.NodeState) *layoutConfig {
 		serviceCIDRs:     desired.ServiceCIDRs,
 	}
 }
-
-// Cleanup deletes the kube-proxy table of one family (for `sluice cleanup` and mode
-// switches), whoever wrote it. A missing table is not an error.
-func Cleanup(ctx context.Context, family model.IPFamily) error {
-	deleted, err := leftovers.DeleteNFTablesTable(family)
-	if err != nil {
-		metrics.NFTablesCleanupFailuresTotal.WithLabelValues(family.String()).Inc()
-		return err
-	}
-	if deleted {
-		klog.FromContext(ctx).V(2).Info("Deleted the kube-proxy nftables table", "ipFamily", family.String())
-	}
-	return nil
-}
