@@ -863,6 +863,35 @@ func (p *planner) baseHolds(ref elemRef, v string) bool {
 func (p *planner) planService(svc types.NamespacedName) {
 	ports := p.in.desired.PortsOf(svc)
 	old := p.record(svc)
+	objs, ok := p.buildService(svc, old)
+	if !ok {
+		return
+	}
+	sc := &p.scratch
+	sc.reset()
+	rec := &serviceRecord{
+		chains: make([]string, 0, len(objs.chains)),
+		elems:  make([]elemDef, 0, len(objs.elems)),
+	}
+	rewriteAll := p.planServiceSets(objs, old, rec, sc)
+	p.planServiceChains(objs, rec, sc, rewriteAll)
+	p.planServiceElements(svc, objs, old, rec, sc)
+	p.retireServiceChains(old, sc)
+	p.emitService(sc)
+
+	if len(ports) == 0 {
+		if old != nil || p.records[svc] != nil {
+			p.putRecord(svc, nil)
+		}
+	} else {
+		p.putRecord(svc, rec)
+	}
+}
+
+// buildService builds a Service's objects and assigns their endpoint slots. A Service
+// that cannot be built is left as it is in the kernel (false), its record kept so that a
+// full plan does not take its objects for leftovers.
+func (p *planner) buildService(svc types.NamespacedName, old *serviceRecord) (*serviceObjects, bool) {
 	var objs *serviceObjects
 	var err error
 	if p.in.full {
@@ -897,16 +926,14 @@ func (p *planner) planService(svc types.NamespacedName) {
 		if old != nil {
 			p.keepRecord(svc, old)
 		}
-		return
+		return nil, false
 	}
+	return objs, true
+}
 
-	sc := &p.scratch
-	sc.reset()
-	rec := &serviceRecord{
-		chains: make([]string, 0, len(objs.chains)),
-		elems:  make([]elemDef, 0, len(objs.elems)),
-	}
-
+// planServiceSets plans the Service's sets; true when a set changed kind, which rewrites
+// every chain of the Service.
+func (p *planner) planServiceSets(objs *serviceObjects, old *serviceRecord, rec *serviceRecord, sc *svcScratch) bool {
 	// Sets first: a set whose type or timeout changed is deleted and added again, and
 	// every chain of the Service is then rewritten (its rules reference the set).
 	rewriteAll := false
@@ -940,7 +967,11 @@ func (p *planner) planService(svc types.NamespacedName) {
 			p.putSet(name, nil)
 		}
 	}
+	return rewriteAll
+}
 
+// planServiceChains adds the Service's new chains and rewrites those whose rules changed.
+func (p *planner) planServiceChains(objs *serviceObjects, rec *serviceRecord, sc *svcScratch, rewriteAll bool) {
 	for i := range objs.slots {
 		sc.slotChains.Insert(objs.slots[i].chain)
 	}
@@ -971,7 +1002,10 @@ func (p *planner) planService(svc types.NamespacedName) {
 			sc.addRules = append(sc.addRules, op{kind: opAddRule, name: d.name, rule: r})
 		}
 	}
+}
 
+// planServiceElements plans the Service's elements and endpoint slots.
+func (p *planner) planServiceElements(svc types.NamespacedName, objs *serviceObjects, old *serviceRecord, rec *serviceRecord, sc *svcScratch) {
 	// Elements: update this Service's claims, then make the kernel hold each touched
 	// element's first claim.
 	for _, e := range objs.elems {
@@ -1020,7 +1054,10 @@ func (p *planner) planService(svc types.NamespacedName) {
 			p.putElem(ref, v, true)
 		}
 	}
+}
 
+// retireServiceChains flushes (and deletes) the chains the Service had and no longer wants.
+func (p *planner) retireServiceChains(old *serviceRecord, sc *svcScratch) {
 	// What the Service had and no longer wants: chains are flushed (and deleted), sets
 	// deleted once no rule references them.
 	if old != nil {
@@ -1033,7 +1070,12 @@ func (p *planner) planService(svc types.NamespacedName) {
 			p.freeBlock(name)
 		}
 	}
+}
 
+// emitService puts the Service's operations into its group, in the order the kernel
+// needs: chains added and flushed, then sets deleted (no rule uses them any more) and added,
+// rules, elements, and chains deleted last.
+func (p *planner) emitService(sc *svcScratch) {
 	delOps, addOps := elementOps(opDeleteElements, sc.delElems), elementOps(opAddElements, sc.addElems)
 	n := len(sc.addChains) + len(sc.flushChains) + len(sc.delSets) + len(sc.addSets) + len(sc.addRules) +
 		len(delOps) + len(addOps) + len(sc.delChains)
@@ -1048,14 +1090,6 @@ func (p *planner) planService(svc types.NamespacedName) {
 	p.cur.ops = append(p.cur.ops, delOps...)
 	p.cur.ops = append(p.cur.ops, addOps...)
 	p.cur.ops = append(p.cur.ops, sc.delChains...)
-
-	if len(ports) == 0 {
-		if old != nil || p.records[svc] != nil {
-			p.putRecord(svc, nil)
-		}
-	} else {
-		p.putRecord(svc, rec)
-	}
 }
 
 // updateClaims replaces the claims of svc (a partial plan) and returns the elements
