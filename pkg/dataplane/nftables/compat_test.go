@@ -136,8 +136,8 @@ func upstreamTable() string {
 
 func takeoverState() *model.NodeState {
 	return nodeState(model.IPv4,
-		svc("t", "cluster", "http", model.TCP, "172.30.0.10", 80).endpoints("10.180.0.1:80@local", "10.180.0.2:80@local").build(),
-		svc("t", "dns", "dns", model.UDP, "172.30.0.11", 53).endpoints("10.180.0.1:8080@local").build(),
+		svc("t", "cluster", "http", model.TCP, "172.30.0.10", 80).Endpoints("10.180.0.1:80@local", "10.180.0.2:80@local").Build(),
+		svc("t", "dns", "dns", model.UDP, "172.30.0.11", 53).Endpoints("10.180.0.1:8080@local").Build(),
 	)
 }
 

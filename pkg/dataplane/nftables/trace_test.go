@@ -17,6 +17,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -372,8 +373,6 @@ func tracedFullPlan(t testing.TB, v planVariant, state *model.NodeState) (*trace
 	return tt, k
 }
 
-func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
-
 // TestTraceExamples walks packets through the planned example tables of both families:
 // every way a packet can end (DNAT, reject, drop, accept) and masquerading.
 func TestTraceExamples(t *testing.T) {
@@ -385,8 +384,8 @@ func TestTraceExamples(t *testing.T) {
 	// A pod is inside the local detector's cluster CIDR (10.0.0.0/8, fd00:10::/64; the
 	// IPv6 examples' endpoints, fd00:10:180::, are outside it, so a pod address of the
 	// same prefix would be masqueraded).
-	pod, outside := netip.MustParseAddr("10.180.0.9"), netip.MustParseAddr("198.51.100.7")
-	pod6, outside6 := netip.MustParseAddr("fd00:10::9"), netip.MustParseAddr("2001:db8:77::7")
+	pod, outside := netip.MustParseAddr("10.180.0.9"), fixture.OutsideClientv4
+	pod6, outside6 := netip.MustParseAddr("fd00:10::9"), fixture.OutsideClientv6
 	v4 := []tc{
 		{"ClusterIP from a pod", tracePacket{src: pod, dst: addr("172.30.0.41"), proto: model.TCP, port: 80}, "dnat to 10.180.0.1:80"},
 		{"ClusterIP from outside the cluster is masqueraded", tracePacket{src: outside, dst: addr("172.30.0.41"), proto: model.TCP, port: 80}, "dnat to 10.180.0.1:80, masquerade"},
@@ -441,7 +440,7 @@ func TestTraceExamples(t *testing.T) {
 func TestTraceFollowsPartialPlans(t *testing.T) {
 	v := planVariants[0]
 	mk := func(eps ...string) *model.NodeState {
-		return nodeState(model.IPv4, svc("ns1", "web", "http", model.TCP, "172.30.0.10", 80).endpoints(eps...).build())
+		return nodeState(model.IPv4, svc("ns1", "web", "http", model.TCP, "172.30.0.10", 80).Endpoints(eps...).Build())
 	}
 	pkt := tracePacket{src: netip.MustParseAddr("10.180.0.9"), dst: addr("172.30.0.10"), proto: model.TCP, port: 80}
 	tt, k := tracedFullPlan(t, v, mk("10.180.0.1:8080"))
@@ -481,8 +480,8 @@ func TestTracerMeaning(t *testing.T) {
 		{"empty chains accept", nil, nil, "accept"},
 		{"accept ends only its base chain",
 			[]rule{{terms: []term{verdictTerm{kind: expr.VerdictAccept}}}, {terms: []term{dropVerdict}}},
-			[]rule{{terms: []term{dnatTo{ap("10.0.0.3:8080")}}}}, "dnat to 10.0.0.3:8080"},
-		{"drop stops the packet", []rule{{terms: []term{dropVerdict}}}, []rule{{terms: []term{dnatTo{ap("10.0.0.3:8080")}}}}, "drop"},
+			[]rule{{terms: []term{dnatTo{netip.MustParseAddrPort("10.0.0.3:8080")}}}}, "dnat to 10.0.0.3:8080"},
+		{"drop stops the packet", []rule{{terms: []term{dropVerdict}}}, []rule{{terms: []term{dnatTo{netip.MustParseAddrPort("10.0.0.3:8080")}}}}, "drop"},
 		{"jump returns, goto does not",
 			[]rule{{terms: []term{jumpTo("sub")}}, {terms: []term{markAndNonZero{1}, gotoChain("sub")}}, {terms: []term{dropVerdict}}},
 			nil, "accept"},
