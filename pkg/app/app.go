@@ -118,6 +118,52 @@ func Run(ctx context.Context, o *config.Options) error {
 	}
 	warnings.report(reporter)
 
+	tracker, loop, err := newSyncLoop(ctx, o, w, nodes, node, families, backends, proxyHealth, reporter)
+	if err != nil {
+		return err
+	}
+	startMonitors(ctx, backends, e.SyncPeriod, loop.Request)
+
+	servers.tracker, servers.loop, servers.families, servers.conntrack = tracker, loop, families, conntrackHealth
+	go servers.runMetrics(ctx, cancel)
+	if o.ConfigFile != "" {
+		go watchConfigFile(ctx, o.ConfigFile, cancel)
+	}
+
+	reportStarting(logger, e, reporter)
+
+	return runSyncs(ctx, w, tracker, loop)
+}
+
+// runSyncs starts the watch, lets the tracker and the loop program once the Services and
+// EndpointSlices are received, and runs the sync loop until ctx ends. A cause other than a
+// plain cancel (a changed config file, a Node that changed its IPs) is what Run returns.
+func runSyncs(ctx context.Context, w *watch.Watcher, tracker *model.Tracker, loop *syncloop.Loop) error {
+	logger := klog.FromContext(ctx)
+	w.Start(ctx)
+	defer w.Shutdown()
+	go func() {
+		if !w.WaitForServicesAndEndpoints(ctx) {
+			return
+		}
+		logger.Info("Services and EndpointSlices received; programming")
+		tracker.OnServicesSynced()
+		tracker.OnEndpointSlicesSynced()
+		loop.Request()
+	}()
+
+	err := loop.Run(ctx)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// newSyncLoop builds the change tracker fed by the watch, a Service health server per
+// backend's family, and the one sync loop that drives the backends.
+func newSyncLoop(ctx context.Context, o *config.Options, w *watch.Watcher, nodes *nodeWatcher, node model.NodeInfo, families []model.IPFamily,
+	backends []dataplane.Backend, proxyHealth *health.ProxyHealthServer, reporter *events.Reporter) (*model.Tracker, *syncloop.Loop, error) {
+	e := o.Effective
 	var loop *syncloop.Loop
 	tracker := model.NewTracker(model.TrackerConfig{
 		Source:    w,
@@ -128,7 +174,7 @@ func Run(ctx context.Context, o *config.Options) error {
 	})
 	nodes.tracker = tracker
 	if err := w.AddHandlers(tracker, nodes.observe); err != nil {
-		return err
+		return nil, nil, err
 	}
 
 	serviceHealth := map[model.IPFamily]syncloop.ServiceHealth{}
@@ -141,7 +187,7 @@ func Run(ctx context.Context, o *config.Options) error {
 			OnListenError:     reporter.ServiceHealthCheckFailed,
 		})
 	}
-	loop, err = syncloop.New(syncloop.Config{
+	loop, err := syncloop.New(syncloop.Config{
 		Tracker:               tracker,
 		Backends:              backends,
 		MinSyncPeriod:         e.MinSyncPeriod,
@@ -156,25 +202,27 @@ func Run(ctx context.Context, o *config.Options) error {
 		Clock:                 clock.RealClock{},
 	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	return tracker, loop, nil
+}
 
+// startMonitors starts the backends' watches for their rules vanishing.
+func startMonitors(ctx context.Context, backends []dataplane.Backend, interval time.Duration, resync func()) {
 	// A backend that can notice its rules vanishing (iptables: the canary chain flushed by a
 	// firewall reload) watches for it every syncPeriod and asks for a sync, which repairs them.
 	for _, b := range backends {
 		if m, ok := b.(interface {
 			Monitor(ctx context.Context, interval time.Duration, resync func())
 		}); ok {
-			go m.Monitor(ctx, e.SyncPeriod, loop.Request)
+			go m.Monitor(ctx, interval, resync)
 		}
 	}
+}
 
-	servers.tracker, servers.loop, servers.families, servers.conntrack = tracker, loop, families, conntrackHealth
-	go servers.runMetrics(ctx, cancel)
-	if o.ConfigFile != "" {
-		go watchConfigFile(ctx, o.ConfigFile, cancel)
-	}
-
+// reportStarting says sluice starts, and warns about a defaulted mode and the deprecated
+// ipvs mode.
+func reportStarting(logger klog.Logger, e *config.Effective, reporter *events.Reporter) {
 	reporter.Starting("Starting sluice (" + string(e.Mode) + " mode)")
 	if e.ModeDefaulted {
 		logger.Error(nil, "No mode configured; using iptables. Upstream will switch the default to nftables: set mode explicitly")
@@ -183,24 +231,6 @@ func Run(ctx context.Context, o *config.Options) error {
 	if e.Mode == dataplane.ModeIPVS {
 		reporter.NodeWarning("IPVSDeprecation", "The ipvs mode is deprecated upstream (disabled by default in 1.40, removed in 1.43); sluice keeps it working. Please plan a move to 'nftables'.")
 	}
-
-	w.Start(ctx)
-	defer w.Shutdown()
-	go func() {
-		if !w.WaitForServicesAndEndpoints(ctx) {
-			return
-		}
-		logger.Info("Services and EndpointSlices received; programming")
-		tracker.OnServicesSynced()
-		tracker.OnEndpointSlicesSynced()
-		loop.Request()
-	}()
-
-	err = loop.Run(ctx)
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause
-	}
-	return err
 }
 
 // initOnly does what --init-only is for, in the privileged init container: the conntrack

@@ -109,8 +109,20 @@ var flagsHonouredWithConfig = []string{
 // AddFlags registers every flag upstream kube-proxy has on Linux, with upstream's names and
 // defaults.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
+	o.addActionFlags(fs)
+	o.addClientFlags(fs)
+	o.addNodeAndServerFlags(fs)
+	o.addIPTablesFlags(fs)
+	o.addIPVSFlags(fs)
+	o.addLocalTrafficFlags(fs)
+	o.addConntrackFlags(fs)
+	o.addDeprecatedPortFlags(fs)
+	logsapi.AddFlags(&o.flagConfig.Logging, fs)
+}
 
+// addActionFlags registers the flags that choose what sluice does (configuration file, cleanup, init only) and the feature gates.
+func (o *Options) addActionFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile,
 		"Read the configuration from this KubeProxyConfiguration file (YAML or JSON). The file replaces every configuration flag; only the logging flags, --hostname-override and --master still apply.")
 	fs.StringVar(&o.WriteConfigTo, "write-config-to", o.WriteConfigTo,
@@ -126,7 +138,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates",
 		"Comma-separated Gate=true|false pairs that turn features on or off. Ignored when --config is given. Known gates:\n"+
 			featureGatesHelp())
+}
 
+// addClientFlags registers the API server connection.
+func (o *Options) addClientFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.StringVar(&c.ClientConnection.Kubeconfig, "kubeconfig", c.ClientConnection.Kubeconfig,
 		"Path to a kubeconfig file with the API server's address and credentials. Without it (and without --master) the in-cluster service account is used.")
 	fs.StringVar(&o.Master, "master", o.Master,
@@ -137,7 +153,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Number of API requests allowed in a burst above --kube-api-qps.")
 	fs.Float32Var(&c.ClientConnection.QPS, "kube-api-qps", c.ClientConnection.QPS,
 		"Sustained number of API requests per second.")
+}
 
+// addNodeAndServerFlags registers the node, the health and metrics servers, the mode and the caches' resync.
+func (o *Options) addNodeAndServerFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride,
 		"Name of the Node object sluice runs for. Empty means the machine's hostname. Takes precedence over hostnameOverride in --config.")
 	fs.Var(&ipValue{target: &c.BindAddress}, "bind-address",
@@ -156,7 +176,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Backend that programs the kernel: 'iptables' (the default when unset), 'nftables' or 'ipvs' (deprecated). Ignored when --config is given.")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration,
 		"How often the Service, EndpointSlice and Node caches are refreshed from the API server; must be above 0.")
+}
 
+// addIPTablesFlags registers iptables mode (and the sync periods of every mode but ipvs).
+func (o *Options) addIPTablesFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.Int32Var(c.IPTables.MasqueradeBit, "iptables-masquerade-bit", *c.IPTables.MasqueradeBit,
 		"Bit of the packet mark (0-31) that asks for SNAT in iptables and ipvs modes. nftables mode uses nftables.masqueradeBit from --config.")
 	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll,
@@ -167,7 +191,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Interval (e.g. '5s', '1m') of the periodic resync and of retries after a failed sync; must be above 0. Applies to every mode except ipvs, nftables included.")
 	fs.DurationVar(&o.iptablesMinSyncPeriod, "iptables-min-sync-period", o.iptablesMinSyncPeriod,
 		"Least time between two rule syncs (e.g. '5s', '1m'); 0 syncs on every Service or EndpointSlice change. Applies to every mode except ipvs, nftables included.")
+}
 
+// addIPVSFlags registers ipvs mode.
+func (o *Options) addIPVSFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.DurationVar(&o.ipvsSyncPeriod, "ipvs-sync-period", o.ipvsSyncPeriod,
 		"Interval (e.g. '5s', '1m') of the periodic resync in ipvs mode; must be above 0. Used only with --proxy-mode=ipvs.")
 	fs.DurationVar(&o.ipvsMinSyncPeriod, "ipvs-min-sync-period", o.ipvsMinSyncPeriod,
@@ -184,7 +212,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Timeout of IPVS TCP connections after a FIN (e.g. '5s', '1m'); 0 keeps the kernel's value.")
 	fs.DurationVar(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", c.IPVS.UDPTimeout.Duration,
 		"Timeout of IPVS UDP flows (e.g. '5s', '1m'); 0 keeps the kernel's value.")
+}
 
+// addLocalTrafficFlags registers local traffic detection, NodePort addresses and the OOM score.
+func (o *Options) addLocalTrafficFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.StringVar((*string)(&c.DetectLocalMode), "detect-local-mode", string(c.DetectLocalMode),
 		"How to tell traffic from local pods: ClusterCIDR (default), NodeCIDR, BridgeInterface or InterfaceNamePrefix. Ignored when --config is given.")
 	fs.StringVar(&c.DetectLocal.BridgeInterface, "pod-bridge-interface", c.DetectLocal.BridgeInterface,
@@ -199,7 +231,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 			"and, for TCP, in nftables mode with the KubeProxyNFTablesLocalhostNodePorts gate and an explicit loopback entry. Ignored when --config is given.")
 	fs.Int32Var(c.OOMScoreAdj, "oom-score-adj", *c.OOMScoreAdj,
 		"oom_score_adj of the sluice process, in [-1000, 1000]. Ignored when --config is given.")
+}
 
+// addConntrackFlags registers the conntrack sysctls.
+func (o *Options) addConntrackFlags(fs *pflag.FlagSet) {
+	c := o.flagConfig
 	fs.Int32Var(c.Conntrack.MaxPerCore, "conntrack-max-per-core", *c.Conntrack.MaxPerCore,
 		"Conntrack entries to allow per CPU core (nf_conntrack_max = this times the CPUs, at least --conntrack-min); 0 leaves nf_conntrack_max alone and ignores --conntrack-min.")
 	fs.Int32Var(c.Conntrack.Min, "conntrack-min", *c.Conntrack.Min,
@@ -214,15 +250,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Conntrack idle timeout of UDP flows that have seen no reply; 0 keeps the kernel's value.")
 	fs.DurationVar(&c.Conntrack.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", c.Conntrack.UDPStreamTimeout.Duration,
 		"Conntrack idle timeout of UDP flows that have seen replies (ASSURED); 0 keeps the kernel's value.")
+}
 
+// addDeprecatedPortFlags registers the deprecated port flags.
+func (o *Options) addDeprecatedPortFlags(fs *pflag.FlagSet) {
 	fs.Int32Var(&o.healthzPort, "healthz-port", o.healthzPort,
 		"Port of the health check server; 0 disables it.")
 	_ = fs.MarkDeprecated("healthz-port", "use --healthz-bind-address instead; this flag will be removed.")
 	fs.Int32Var(&o.metricsPort, "metrics-port", o.metricsPort,
 		"Port of the metrics server; 0 disables it.")
 	_ = fs.MarkDeprecated("metrics-port", "use --metrics-bind-address instead; this flag will be removed.")
-
-	logsapi.AddFlags(&c.Logging, fs)
 }
 
 // ValidationError is a configuration that failed validation. Errors names every invalid

@@ -1,6 +1,8 @@
 package iptables
 
-// Test conventions (as upstream's proxier tests):
+// Test conventions (as upstream's proxier tests). The IPv4 node address, the cluster CIDRs
+// and the change builders are the shared fixture's (pkg/dataplane/internal/fixture); the
+// rest is this package's own, as its golden files were written with it:
 //
 //	node "node1", IPs 192.168.0.2 and fd00:192:168::2 (and 127.0.0.1, ::1 local)
 //	cluster (pod) CIDR 10.0.0.0/8 and fd00:10::/64; pods here 10.0.1.x, elsewhere 10.0.2.x
@@ -22,9 +24,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -32,7 +34,7 @@ import (
 const testNodeName = "node1"
 
 var (
-	testNodeIPv4 = netip.MustParseAddr("192.168.0.2")
+	testNodeIPv4 = fixture.NodeIPv4
 	testNodeIPv6 = netip.MustParseAddr("fd00:192:168::2")
 	testNode     = model.NodeInfo{Name: testNodeName, IPs: []netip.Addr{testNodeIPv4, testNodeIPv6},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24"), netip.MustParsePrefix("fd00:10::/64")}}
@@ -40,10 +42,7 @@ var (
 )
 
 func testConfig(family model.IPFamily) dataplane.Config {
-	cidr := netip.MustParsePrefix("10.0.0.0/8")
-	if family == model.IPv6 {
-		cidr = netip.MustParsePrefix("fd00:10::/64")
-	}
+	cidr := fixture.ClusterCIDR(family)
 	return dataplane.Config{
 		Family:             family,
 		NodeName:           testNodeName,
@@ -212,16 +211,8 @@ func (w *world) state(family model.IPFamily) *model.NodeState {
 	return model.Compute(w.services, w.slices, testNode, nil, model.Options{Families: []model.IPFamily{family}})[family]
 }
 
-func full() model.Changes { return model.Changes{Full: true} }
-
-func changed(names ...string) model.Changes {
-	s := sets.New[types.NamespacedName]()
-	for _, n := range names {
-		ns, name, _ := strings.Cut(n, "/")
-		s.Insert(types.NamespacedName{Namespace: ns, Name: name})
-	}
-	return model.Changes{Services: s}
-}
+func full() model.Changes                   { return fixture.Full() }
+func changed(names ...string) model.Changes { return fixture.Changed(names...) }
 
 func mustApply(t testing.TB, b *Backend, st *model.NodeState, ch model.Changes) dataplane.Result {
 	t.Helper()

@@ -140,8 +140,28 @@ func (b *Backend) run(ctx context.Context, o op) error {
 		o = rejectedByKernel(o)
 	}
 	b.logger.V(4).Info("IPVS operation", "op", o.String())
+	var err error
+	switch o.kind {
+	case opCreateLink, opBindAddr, opUnbindAddr:
+		err = b.runLinkOp(o)
+	case opAddVS, opUpdateVS, opDeleteVS:
+		err = b.runServiceOp(o)
+	case opAddRS, opUpdateRS, opDeleteRS:
+		err = b.runDestinationOp(o)
+	case opCreateSet, opRecreateSet, opAddEntry, opDelEntry:
+		err = b.runSetOp(ctx, o)
+	default:
+		err = fmt.Errorf("unknown operation %d", o.kind)
+	}
+	if err == nil {
+		b.stats.Operations[opNames[o.kind]]++
+	}
+	return err
+}
+
+// runLinkOp runs an operation on the dummy device and the addresses bound to it and keeps the view in step.
+func (b *Backend) runLinkOp(o op) error {
 	v := b.view
-	family := b.cfg.Family
 	var err error
 	switch o.kind {
 	case opCreateLink:
@@ -152,19 +172,31 @@ func (b *Backend) run(ctx context.Context, o op) error {
 		if err == nil {
 			v.linkExists = true
 		}
-	case opCreateSet:
-		t := ipsets[o.set].typ
-		err = b.sets.Create(ipsetName(o.set, family), t, family)
+	case opBindAddr:
+		err = b.links.AddAddr(dummyDevice, o.addr)
 		if errors.Is(err, errExist) {
 			err = nil
 		}
 		if err == nil {
-			if _, ok := v.sets[o.set]; !ok {
-				v.sets[o.set] = &kernelSet{Type: t, Entries: map[setEntry]bool{}}
-			}
+			v.bound[o.addr] = true
 		}
-	case opRecreateSet:
-		err = b.recreateSet(ctx, o.set)
+	case opUnbindAddr:
+		err = b.links.DelAddr(dummyDevice, o.addr)
+		if errors.Is(err, errNotExist) {
+			err = nil
+		}
+		if err == nil {
+			delete(v.bound, o.addr)
+		}
+	}
+	return err
+}
+
+// runServiceOp runs an operation on IPVS virtual servers and keeps the view in step.
+func (b *Backend) runServiceOp(o op) error {
+	v := b.view
+	var err error
+	switch o.kind {
 	case opAddVS:
 		err = b.ipvs.AddService(o.vs, o.params)
 		if errors.Is(err, errExist) {
@@ -194,6 +226,15 @@ func (b *Backend) run(ctx context.Context, o op) error {
 			delete(v.dests, o.vs)
 			delete(b.draining, o.vs)
 		}
+	}
+	return err
+}
+
+// runDestinationOp runs an operation on IPVS real servers and keeps the view in step.
+func (b *Backend) runDestinationOp(o op) error {
+	v := b.view
+	var err error
+	switch o.kind {
 	case opAddRS:
 		err = b.ipvs.AddDestination(o.vs, o.rs, o.weight)
 		if errors.Is(err, errExist) {
@@ -222,22 +263,29 @@ func (b *Backend) run(ctx context.Context, o op) error {
 		if err == nil {
 			v.deleteDest(o.vs, o.rs)
 		}
-	case opBindAddr:
-		err = b.links.AddAddr(dummyDevice, o.addr)
+	}
+	return err
+}
+
+// runSetOp runs an operation on ipsets and their entries and keeps the view in step.
+func (b *Backend) runSetOp(ctx context.Context, o op) error {
+	v := b.view
+	family := b.cfg.Family
+	var err error
+	switch o.kind {
+	case opCreateSet:
+		t := ipsets[o.set].typ
+		err = b.sets.Create(ipsetName(o.set, family), t, family)
 		if errors.Is(err, errExist) {
 			err = nil
 		}
 		if err == nil {
-			v.bound[o.addr] = true
+			if _, ok := v.sets[o.set]; !ok {
+				v.sets[o.set] = &kernelSet{Type: t, Entries: map[setEntry]bool{}}
+			}
 		}
-	case opUnbindAddr:
-		err = b.links.DelAddr(dummyDevice, o.addr)
-		if errors.Is(err, errNotExist) {
-			err = nil
-		}
-		if err == nil {
-			delete(v.bound, o.addr)
-		}
+	case opRecreateSet:
+		err = b.recreateSet(ctx, o.set)
 	case opAddEntry:
 		err = b.sets.Add(ipsetName(o.set, family), ipsets[o.set].typ, o.entry)
 		if errors.Is(err, errExist) {
@@ -258,11 +306,6 @@ func (b *Backend) run(ctx context.Context, o op) error {
 				delete(ks.Entries, o.entry)
 			}
 		}
-	default:
-		err = fmt.Errorf("unknown operation %d", o.kind)
-	}
-	if err == nil {
-		b.stats.Operations[opNames[o.kind]]++
 	}
 	return err
 }

@@ -322,63 +322,21 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	b.stats = ApplyStats{Full: full, Reason: reason, Operations: map[string]int{}}
 	defer func() { b.stats.Duration = b.now().Sub(start) }()
 
-	var scope sets.Set[types.NamespacedName]
-	records := map[types.NamespacedName]*serviceRecord{}
-	var previousOwners map[vsKey]types.NamespacedName
 	// good remembers the Services' records before this sync, to put a rejected one back.
 	good := &lastGood{records: b.idx.records, known: !b.sync.NeedFull}
 	b.drift = nil
+	var sc syncScope
+	var err error
 	if full {
-		hadLink := b.view != nil && b.view.linkExists
-		if err := b.readKernel(ctx, desired); err != nil {
-			b.sync.Failed()
-			return dataplane.Result{Err: err, Full: true}
-		}
-		if b.sync.Trusted() {
-			b.drift = b.driftOf(b.view, hadLink)
-		}
-		// A full sync recomputes every record from scratch, remembering only who held
-		// which frontend.
-		previousOwners = b.idx.owners
-		b.idx = newDesiredIndex()
-		scope = desired.ServiceNames()
-		for _, owner := range previousOwners {
-			scope.Insert(owner)
-		}
-		for name := range scope {
-			if ports := desired.PortsOf(name); len(ports) > 0 {
-				records[name] = buildRecord(ports, b.env)
-			}
-		}
+		sc, err = b.scopeFull(ctx, desired)
 	} else {
-		scope = changes.Services.Clone()
-		if scope == nil {
-			scope = sets.New[types.NamespacedName]()
-		}
-		// makePlan replaces the records of the Services in scope in the index.
-		good.records = make(map[types.NamespacedName]*serviceRecord, scope.Len())
-		for name := range changes.Services {
-			if ports := desired.PortsOf(name); len(ports) > 0 {
-				records[name] = buildRecord(ports, b.env)
-			}
-		}
-		// Services draining a real server are looked at again, unchanged.
-		for _, owner := range b.draining {
-			if !scope.Has(owner) {
-				scope.Insert(owner)
-				if r := b.idx.records[owner]; r != nil {
-					records[owner] = r
-				}
-			}
-		}
-		for name := range scope {
-			good.records[name] = b.idx.records[name]
-		}
-		if err := b.readDestinations(scope, records); err != nil {
-			b.sync.Failed()
-			return dataplane.Result{Err: err}
-		}
+		sc, err = b.scopePartial(desired, changes, good)
 	}
+	if err != nil {
+		b.sync.Failed()
+		return dataplane.Result{Err: err, Full: full}
+	}
+	scope, records, previousOwners := sc.services, sc.records, sc.previousOwners
 
 	p := makePlan(&planInput{
 		family:         b.cfg.Family,
@@ -415,6 +373,69 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	b.logger.V(2).Info("Synced IPVS", "full", full, "reason", reason, "servicesInScope", scope.Len(), "operations", b.stats.TotalOperations(),
 		"destinationReads", b.stats.DestinationReads, "failedServices", len(res.Failed), "draining", len(b.draining), "elapsed", b.now().Sub(start).Seconds())
 	return res
+}
+
+// syncScope is what one sync converges: the Services in scope, their records, and on a
+// full sync who held which frontend before it.
+type syncScope struct {
+	services       sets.Set[types.NamespacedName]
+	records        map[types.NamespacedName]*serviceRecord
+	previousOwners map[vsKey]types.NamespacedName
+}
+
+// scopeFull reads the whole kernel and recomputes every record from scratch, remembering
+// only who held which frontend.
+func (b *Backend) scopeFull(ctx context.Context, desired *model.NodeState) (syncScope, error) {
+	hadLink := b.view != nil && b.view.linkExists
+	if err := b.readKernel(ctx, desired); err != nil {
+		return syncScope{}, err
+	}
+	if b.sync.Trusted() {
+		b.drift = b.driftOf(b.view, hadLink)
+	}
+	sc := syncScope{records: map[types.NamespacedName]*serviceRecord{}, previousOwners: b.idx.owners}
+	b.idx = newDesiredIndex()
+	sc.services = desired.ServiceNames()
+	for _, owner := range sc.previousOwners {
+		sc.services.Insert(owner)
+	}
+	for name := range sc.services {
+		if ports := desired.PortsOf(name); len(ports) > 0 {
+			sc.records[name] = buildRecord(ports, b.env)
+		}
+	}
+	return sc, nil
+}
+
+// scopePartial recomputes the changed Services' records, adds the Services draining a real
+// server (unchanged) and reads only their real servers. good gets the records before this
+// sync of every Service in scope: makePlan replaces them in the index.
+func (b *Backend) scopePartial(desired *model.NodeState, changes model.Changes, good *lastGood) (syncScope, error) {
+	sc := syncScope{services: changes.Services.Clone(), records: map[types.NamespacedName]*serviceRecord{}}
+	if sc.services == nil {
+		sc.services = sets.New[types.NamespacedName]()
+	}
+	good.records = make(map[types.NamespacedName]*serviceRecord, sc.services.Len())
+	for name := range changes.Services {
+		if ports := desired.PortsOf(name); len(ports) > 0 {
+			sc.records[name] = buildRecord(ports, b.env)
+		}
+	}
+	for _, owner := range b.draining {
+		if !sc.services.Has(owner) {
+			sc.services.Insert(owner)
+			if r := b.idx.records[owner]; r != nil {
+				sc.records[owner] = r
+			}
+		}
+	}
+	for name := range sc.services {
+		good.records[name] = b.idx.records[name]
+	}
+	if err := b.readDestinations(sc.services, sc.records); err != nil {
+		return syncScope{}, err
+	}
+	return sc, nil
 }
 
 func (r *serviceRecord) vssOrNil() []desiredVS {

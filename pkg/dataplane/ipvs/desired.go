@@ -86,158 +86,217 @@ func (r *serviceRecord) vs(k vsKey) *desiredVS {
 //     the frontend goes into setNoLocalEndpoints, whose firewall rule drops the same traffic
 //     from anywhere else.
 func buildRecord(ports []*model.ServicePort, env *planEnv) *serviceRecord {
-	r := &serviceRecord{}
-	seen := map[vsKey]bool{}
-	member := func(set ipsetID, e setEntry) {
-		r.members = append(r.members, setMember{set: set, entry: e.normalize(ipsets[set].typ)})
-	}
-	addVS := func(sp *model.ServicePort, addr netip.Addr, port int32, bind bool, eps []netip.AddrPort, params vsParams) {
-		k := vsKey{Proto: sp.Name.Protocol, Addr: addr, Port: uint16(port)}
-		if !addr.IsValid() || port <= 0 || port > 65535 || seen[k] {
-			return
-		}
-		seen[k] = true
-		if len(eps) == 0 && sp.Name.Protocol == model.TCP {
-			member(setNoEndpointsTCP, setEntry{IP: addr, Proto: protoNumber(model.TCP), Port: uint16(port)})
-		}
-		r.vss = append(r.vss, desiredVS{
-			key: k, params: params, bind: bind, realServers: eps, port: sp.Name,
-			udpLike: sp.Name.Protocol != model.TCP,
-		})
-	}
-
+	b := &recordBuilder{env: env, r: &serviceRecord{}, seen: map[vsKey]bool{}}
 	for _, sp := range ports {
-		proto := protoNumber(sp.Name.Protocol)
-		if proto == 0 {
+		pb, ok := b.port(sp)
+		if !ok {
 			continue
 		}
-		params := vsParams{Scheduler: env.scheduler}
-		if sp.Scheduler != "" {
-			params.Scheduler = sp.Scheduler
-		}
-		if sp.AffinityTimeoutSeconds > 0 {
-			params.Flags |= flagPersistent
-			params.Timeout = uint32(sp.AffinityTimeoutSeconds)
-		}
-		if params.Scheduler == "mh" {
-			params.Flags |= flagSched2
-		}
-
-		internal := sp.ClusterEndpoints
-		if sp.InternalPolicyLocal {
-			internal = sp.LocalEndpoints
-		}
-		external := sp.ClusterEndpoints
-		noLocal := false
-		if sp.ExternalPolicyLocal {
-			external = sp.LocalEndpoints
-			if len(external) == 0 {
-				external = sp.ClusterEndpoints
-				// Without any endpoint the virtual server has no real server and IPVS
-				// refuses everyone; only endpoints elsewhere call for the drop.
-				noLocal = sp.HasAnyEndpoints
-			}
-		}
-		internalRS := realServers(internal, env.family)
-		externalRS := realServers(external, env.family)
-
-		// Hairpin: a local endpoint reaching itself through the Service is masqueraded.
-		for _, ep := range sp.AllEndpoints {
-			if ep.IsLocal && validEndpoint(ep, env.family) {
-				member(setLoopBack, setEntry{IP: ep.IP, Proto: proto, Port: uint16(ep.Port), IP2: ep.IP})
-			}
-		}
-
-		if sp.ClusterIP.IsValid() && model.FamilyOf(sp.ClusterIP) == env.family {
-			member(setClusterIP, setEntry{IP: sp.ClusterIP, Proto: proto, Port: uint16(sp.Port)})
-			addVS(sp, sp.ClusterIP, sp.Port, true, internalRS, params)
-		}
-
-		for _, ip := range sp.ExternalIPs {
-			if model.FamilyOf(ip) != env.family {
-				continue
-			}
-			e := setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port)}
-			if sp.ExternalPolicyLocal {
-				member(setExternalIPLocal, e)
-			} else {
-				member(setExternalIP, e)
-			}
-			if noLocal {
-				member(setNoLocalEndpoints, e)
-			}
-			addVS(sp, ip, sp.Port, !env.localAddrs[ip], externalRS, params)
-		}
-
-		for _, ip := range sp.LoadBalancerVIPs {
-			if model.FamilyOf(ip) != env.family {
-				continue
-			}
-			e := setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port)}
-			member(setLoadBalancer, e)
-			if sp.ExternalPolicyLocal {
-				member(setLoadBalancerLocal, e)
-			}
-			if noLocal {
-				member(setNoLocalEndpoints, e)
-			}
-			if len(sp.LoadBalancerSourceRanges) > 0 {
-				member(setLoadBalancerFW, e)
-				allowNode := false
-				for _, cidr := range sp.LoadBalancerSourceRanges {
-					if model.FamilyOf(cidr.Addr()) != env.family {
-						continue
-					}
-					member(setLoadBalancerSourceCIDR, setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port), Net: cidr})
-					if env.nodeIP.IsValid() && cidr.Contains(env.nodeIP) {
-						allowNode = true
-					}
-				}
-				if allowNode {
-					// Traffic from the node to an LB IP it holds leaves with the LB IP as source.
-					member(setLoadBalancerSourceIP, setEntry{IP: ip, Proto: proto, Port: uint16(sp.Port), IP2: ip})
-				} else {
-					r.outFilter = append(r.outFilter, outFilterRule{addr: ip, proto: sp.Name.Protocol, port: uint16(sp.Port)})
-				}
-			}
-			addVS(sp, ip, sp.Port, !env.localAddrs[ip], externalRS, params)
-		}
-
-		if sp.NodePort != 0 && len(env.nodePortIPs) > 0 {
-			np := uint16(sp.NodePort)
-			switch sp.Name.Protocol {
-			case model.TCP, model.UDP:
-				all, local := setNodePortTCP, setNodePortLocalTCP
-				if sp.Name.Protocol == model.UDP {
-					all, local = setNodePortUDP, setNodePortLocalUDP
-				}
-				member(all, setEntry{Port: np})
-				if sp.ExternalPolicyLocal {
-					member(local, setEntry{Port: np})
-				}
-			case model.SCTP:
-				// bitmap:port has no protocol, so SCTP NodePorts are per node IP.
-				for _, ip := range env.nodePortIPs {
-					member(setNodePortSCTP, setEntry{IP: ip, Proto: proto, Port: np})
-					if sp.ExternalPolicyLocal {
-						member(setNodePortLocalSCTP, setEntry{IP: ip, Proto: proto, Port: np})
-					}
-				}
-			}
-			for _, ip := range env.nodePortIPs {
-				if noLocal {
-					member(setNoLocalEndpoints, setEntry{IP: ip, Proto: proto, Port: np})
-				}
-				addVS(sp, ip, sp.NodePort, false, externalRS, params)
-			}
-		}
-
+		pb.hairpin()
+		pb.clusterIP()
+		pb.externalIPs()
+		pb.loadBalancers()
+		pb.nodePorts()
 		if sp.HealthCheckNodePort != 0 {
-			member(setHealthCheckNodePort, setEntry{Port: uint16(sp.HealthCheckNodePort)})
+			b.member(setHealthCheckNodePort, setEntry{Port: uint16(sp.HealthCheckNodePort)})
 		}
 	}
-	slices.SortFunc(r.vss, func(a, b desiredVS) int { return compareVSKeys(a.key, b.key) })
-	return r
+	slices.SortFunc(b.r.vss, func(a, b desiredVS) int { return compareVSKeys(a.key, b.key) })
+	return b.r
+}
+
+// recordBuilder collects one Service's record while buildRecord walks its ports.
+type recordBuilder struct {
+	env  *planEnv
+	r    *serviceRecord
+	seen map[vsKey]bool // virtual servers already added: the first port to claim a frontend wins
+}
+
+// addVS adds a virtual server unless its address or port is unusable or it is already there.
+func (b *recordBuilder) addVS(sp *model.ServicePort, addr netip.Addr, port int32, bind bool, eps []netip.AddrPort, params vsParams) {
+	k := vsKey{Proto: sp.Name.Protocol, Addr: addr, Port: uint16(port)}
+	if !addr.IsValid() || port <= 0 || port > 65535 || b.seen[k] {
+		return
+	}
+	b.seen[k] = true
+	if len(eps) == 0 && sp.Name.Protocol == model.TCP {
+		b.member(setNoEndpointsTCP, setEntry{IP: addr, Proto: protoNumber(model.TCP), Port: uint16(port)})
+	}
+	b.r.vss = append(b.r.vss, desiredVS{
+		key: k, params: params, bind: bind, realServers: eps, port: sp.Name,
+		udpLike: sp.Name.Protocol != model.TCP,
+	})
+}
+
+// member adds an entry to an ipset, normalised for the set's type.
+func (b *recordBuilder) member(set ipsetID, e setEntry) {
+	b.r.members = append(b.r.members, setMember{set: set, entry: e.normalize(ipsets[set].typ)})
+}
+
+// portBuild is what one Service port's frontends share: the virtual server parameters and
+// the real servers behind internal and external traffic.
+type portBuild struct {
+	*recordBuilder
+	sp         *model.ServicePort
+	proto      uint8
+	params     vsParams
+	internalRS []netip.AddrPort
+	externalRS []netip.AddrPort
+	// noLocal: externalTrafficPolicy Local, no local endpoint, but endpoints elsewhere.
+	noLocal bool
+}
+
+// port decides a port's scheduling and real servers; false for a protocol IPVS cannot serve.
+func (b *recordBuilder) port(sp *model.ServicePort) (*portBuild, bool) {
+	proto := protoNumber(sp.Name.Protocol)
+	if proto == 0 {
+		return nil, false
+	}
+	params := vsParams{Scheduler: b.env.scheduler}
+	if sp.Scheduler != "" {
+		params.Scheduler = sp.Scheduler
+	}
+	if sp.AffinityTimeoutSeconds > 0 {
+		params.Flags |= flagPersistent
+		params.Timeout = uint32(sp.AffinityTimeoutSeconds)
+	}
+	if params.Scheduler == "mh" {
+		params.Flags |= flagSched2
+	}
+
+	internal := sp.ClusterEndpoints
+	if sp.InternalPolicyLocal {
+		internal = sp.LocalEndpoints
+	}
+	external := sp.ClusterEndpoints
+	noLocal := false
+	if sp.ExternalPolicyLocal {
+		external = sp.LocalEndpoints
+		if len(external) == 0 {
+			external = sp.ClusterEndpoints
+			// Without any endpoint the virtual server has no real server and IPVS
+			// refuses everyone; only endpoints elsewhere call for the drop.
+			noLocal = sp.HasAnyEndpoints
+		}
+	}
+	return &portBuild{
+		recordBuilder: b, sp: sp, proto: proto, params: params,
+		internalRS: realServers(internal, b.env.family),
+		externalRS: realServers(external, b.env.family),
+		noLocal:    noLocal,
+	}, true
+}
+
+// hairpin: a local endpoint reaching itself through the Service is masqueraded.
+func (p *portBuild) hairpin() {
+	for _, ep := range p.sp.AllEndpoints {
+		if ep.IsLocal && validEndpoint(ep, p.env.family) {
+			p.member(setLoopBack, setEntry{IP: ep.IP, Proto: p.proto, Port: uint16(ep.Port), IP2: ep.IP})
+		}
+	}
+}
+
+func (p *portBuild) clusterIP() {
+	sp := p.sp
+	if sp.ClusterIP.IsValid() && model.FamilyOf(sp.ClusterIP) == p.env.family {
+		p.member(setClusterIP, setEntry{IP: sp.ClusterIP, Proto: p.proto, Port: uint16(sp.Port)})
+		p.addVS(sp, sp.ClusterIP, sp.Port, true, p.internalRS, p.params)
+	}
+}
+
+func (p *portBuild) externalIPs() {
+	sp := p.sp
+	for _, ip := range sp.ExternalIPs {
+		if model.FamilyOf(ip) != p.env.family {
+			continue
+		}
+		e := setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port)}
+		if sp.ExternalPolicyLocal {
+			p.member(setExternalIPLocal, e)
+		} else {
+			p.member(setExternalIP, e)
+		}
+		if p.noLocal {
+			p.member(setNoLocalEndpoints, e)
+		}
+		p.addVS(sp, ip, sp.Port, !p.env.localAddrs[ip], p.externalRS, p.params)
+	}
+}
+
+func (p *portBuild) loadBalancers() {
+	sp := p.sp
+	for _, ip := range sp.LoadBalancerVIPs {
+		if model.FamilyOf(ip) != p.env.family {
+			continue
+		}
+		e := setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port)}
+		p.member(setLoadBalancer, e)
+		if sp.ExternalPolicyLocal {
+			p.member(setLoadBalancerLocal, e)
+		}
+		if p.noLocal {
+			p.member(setNoLocalEndpoints, e)
+		}
+		if len(sp.LoadBalancerSourceRanges) > 0 {
+			p.member(setLoadBalancerFW, e)
+			p.sourceRanges(ip)
+		}
+		p.addVS(sp, ip, sp.Port, !p.env.localAddrs[ip], p.externalRS, p.params)
+	}
+}
+
+// sourceRanges lets a LoadBalancer IP's allowed source ranges through its firewall.
+func (p *portBuild) sourceRanges(ip netip.Addr) {
+	sp := p.sp
+	allowNode := false
+	for _, cidr := range sp.LoadBalancerSourceRanges {
+		if model.FamilyOf(cidr.Addr()) != p.env.family {
+			continue
+		}
+		p.member(setLoadBalancerSourceCIDR, setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port), Net: cidr})
+		if p.env.nodeIP.IsValid() && cidr.Contains(p.env.nodeIP) {
+			allowNode = true
+		}
+	}
+	if allowNode {
+		// Traffic from the node to an LB IP it holds leaves with the LB IP as source.
+		p.member(setLoadBalancerSourceIP, setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port), IP2: ip})
+	} else {
+		p.r.outFilter = append(p.r.outFilter, outFilterRule{addr: ip, proto: sp.Name.Protocol, port: uint16(sp.Port)})
+	}
+}
+
+func (p *portBuild) nodePorts() {
+	sp := p.sp
+	if sp.NodePort == 0 || len(p.env.nodePortIPs) == 0 {
+		return
+	}
+	np := uint16(sp.NodePort)
+	switch sp.Name.Protocol {
+	case model.TCP, model.UDP:
+		all, local := setNodePortTCP, setNodePortLocalTCP
+		if sp.Name.Protocol == model.UDP {
+			all, local = setNodePortUDP, setNodePortLocalUDP
+		}
+		p.member(all, setEntry{Port: np})
+		if sp.ExternalPolicyLocal {
+			p.member(local, setEntry{Port: np})
+		}
+	case model.SCTP:
+		// bitmap:port has no protocol, so SCTP NodePorts are per node IP.
+		for _, ip := range p.env.nodePortIPs {
+			p.member(setNodePortSCTP, setEntry{IP: ip, Proto: p.proto, Port: np})
+			if sp.ExternalPolicyLocal {
+				p.member(setNodePortLocalSCTP, setEntry{IP: ip, Proto: p.proto, Port: np})
+			}
+		}
+	}
+	for _, ip := range p.env.nodePortIPs {
+		if p.noLocal {
+			p.member(setNoLocalEndpoints, setEntry{IP: ip, Proto: p.proto, Port: np})
+		}
+		p.addVS(sp, ip, sp.NodePort, false, p.externalRS, p.params)
+	}
 }
 
 func validEndpoint(ep model.Endpoint, family model.IPFamily) bool {

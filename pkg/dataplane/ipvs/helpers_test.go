@@ -1,6 +1,8 @@
 package ipvs
 
-// Test conventions (unit tests, fake kernel):
+// Test conventions (unit tests, fake kernel). The builders of names, changes and node
+// states are the shared fixture's (pkg/dataplane/internal/fixture); the addresses are this
+// package's own, as its golden files were written with them:
 //
 //	node        "node-a", eth0 192.168.0.10 (primary node IP) and 2001:db8:0:1::10
 //	pods        10.244.0.0/16 (cluster CIDR); this node's pods are 10.244.1.x, others' 10.244.2.x
@@ -11,14 +13,13 @@ package ipvs
 import (
 	"context"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -35,22 +36,13 @@ var (
 // fakeClock is a settable clock.
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) now() time.Time       { return c.t }
-func (c *fakeClock) step(d time.Duration) { c.t = c.t.Add(d) }
-func newClock() *fakeClock                { return &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-func addr(s string) netip.Addr            { return netip.MustParseAddr(s) }
-func addrPort(s string) netip.AddrPort    { return netip.MustParseAddrPort(s) }
-func nn(s string) types.NamespacedName {
-	ns, n, _ := strings.Cut(s, "/")
-	return types.NamespacedName{Namespace: ns, Name: n}
-}
-func changed(names ...string) model.Changes {
-	s := sets.New[types.NamespacedName]()
-	for _, n := range names {
-		s.Insert(nn(n))
-	}
-	return model.Changes{Services: s}
-}
+func (c *fakeClock) now() time.Time         { return c.t }
+func (c *fakeClock) step(d time.Duration)   { c.t = c.t.Add(d) }
+func newClock() *fakeClock                  { return &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
+func addr(s string) netip.Addr              { return netip.MustParseAddr(s) }
+func addrPort(s string) netip.AddrPort      { return netip.MustParseAddrPort(s) }
+func nn(s string) types.NamespacedName      { return fixture.Name(s) }
+func changed(names ...string) model.Changes { return fixture.Changed(names...) }
 
 // withFake makes New use the fake kernel: Linux 6.1 with IPVS, the nft flavour of iptables.
 func withFake(k *fakeKernel) Option {
@@ -194,17 +186,5 @@ func stateOf(ports ...*model.ServicePort) *model.NodeState {
 }
 
 func stateOfFamily(f model.IPFamily, ports ...*model.ServicePort) *model.NodeState {
-	s := model.NewNodeState(f, nodeInfo4)
-	byName := map[types.NamespacedName][]*model.ServicePort{}
-	var order []types.NamespacedName
-	for _, sp := range ports {
-		if _, ok := byName[sp.Name.NamespacedName]; !ok {
-			order = append(order, sp.Name.NamespacedName)
-		}
-		byName[sp.Name.NamespacedName] = append(byName[sp.Name.NamespacedName], sp)
-	}
-	for _, n := range order {
-		s.SetService(n, byName[n], nil)
-	}
-	return s
+	return fixture.NodeState(f, nodeInfo4, ports...)
 }

@@ -76,29 +76,55 @@ func detectorLocal(d dataplane.LocalDetector) []string {
 // KUBE-SLUICE-NO-LOCAL-EPS rules drop outside traffic to externalTrafficPolicy Local
 // frontends without local endpoints.
 func renderRules(cfg ruleConfig, outFilter []outFilterRule) *ruleset {
-	rs := &ruleset{}
-	name := func(id ipsetID) string { return ipsetName(id, cfg.family) }
-	matchSet := func(id ipsetID, dirs string) []string {
-		return []string{"-m", "set", "--match-set", name(id), dirs}
-	}
-	withComment := func(id ipsetID, dirs string) []string {
-		return append([]string{"-m", "comment", "--comment", ipsets[id].comment}, matchSet(id, dirs)...)
-	}
-	nat := func(chain string, args ...[]string) { rs.nat = append(rs.nat, line(chain, args...)) }
-	filter := func(chain string, args ...[]string) { rs.filter = append(rs.filter, line(chain, args...)) }
-	jump := func(target string) []string { return []string{"-j", target} }
-	mark := masqueradeMark(cfg.markBit)
+	w := &ruleWriter{cfg: cfg, rs: &ruleset{}, mark: masqueradeMark(cfg.markBit)}
+	w.setTargets()
+	w.masquerade()
+	w.outFilter(outFilter)
+	w.acceptAndFilter()
+	w.postrouting()
+	return w.rs
+}
 
+// ruleWriter appends one family's rules to a ruleset, in the order renderRules calls its
+// phases.
+type ruleWriter struct {
+	cfg  ruleConfig
+	rs   *ruleset
+	mark string
+}
+
+func (w *ruleWriter) nat(chain string, args ...[]string) {
+	w.rs.nat = append(w.rs.nat, line(chain, args...))
+}
+func (w *ruleWriter) filter(chain string, args ...[]string) {
+	w.rs.filter = append(w.rs.filter, line(chain, args...))
+}
+
+// matchSet matches a set of this family in the given directions.
+func (w *ruleWriter) matchSet(id ipsetID, dirs string) []string {
+	return []string{"-m", "set", "--match-set", ipsetName(id, w.cfg.family), dirs}
+}
+
+// withComment is matchSet preceded by the set's comment.
+func (w *ruleWriter) withComment(id ipsetID, dirs string) []string {
+	return append([]string{"-m", "comment", "--comment", ipsets[id].comment}, w.matchSet(id, dirs)...)
+}
+
+func jump(target string) []string { return []string{"-j", target} }
+
+// setTargets: loopback returns, then the sets that lead to a chain (upstream's
+// ipsetWithIptablesChain, in its order) and sluice's no-local-endpoints rules.
+func (w *ruleWriter) setTargets() {
 	loopback := "127.0.0.0/8"
-	if cfg.family == model.IPv6 {
+	if w.cfg.family == model.IPv6 {
 		loopback = "::1/128"
 	}
-	nat(chainServices, []string{"-s", loopback}, jump("RETURN"))
+	w.nat(chainServices, []string{"-s", loopback}, jump("RETURN"))
 
 	// Sets that lead somewhere (upstream's ipsetWithIptablesChain, in its order).
-	nat(chainPostrouting, withComment(setLoopBack, "dst,dst,src"), jump("MASQUERADE"))
-	nat(chainServices, withComment(setLoadBalancer, "dst,dst"), jump(chainLoadBalancer))
-	nat(chainLoadBalancer, withComment(setLoadBalancerLocal, "dst,dst"), jump("RETURN"))
+	w.nat(chainPostrouting, w.withComment(setLoopBack, "dst,dst,src"), jump("MASQUERADE"))
+	w.nat(chainServices, w.withComment(setLoadBalancer, "dst,dst"), jump(chainLoadBalancer))
+	w.nat(chainLoadBalancer, w.withComment(setLoadBalancerLocal, "dst,dst"), jump("RETURN"))
 	for _, np := range []struct {
 		proto      string
 		local, all ipsetID
@@ -108,90 +134,105 @@ func renderRules(cfg ruleConfig, outFilter []outFilterRule) *ruleset {
 		{"udp", setNodePortLocalUDP, setNodePortUDP, "dst"},
 		{"sctp", setNodePortLocalSCTP, setNodePortSCTP, "dst,dst"},
 	} {
-		nat(chainNodePort, []string{"-p", np.proto}, withComment(np.local, np.dirs), jump("RETURN"))
-		nat(chainNodePort, []string{"-p", np.proto}, withComment(np.all, np.dirs), jump(chainMarkMasq))
+		w.nat(chainNodePort, []string{"-p", np.proto}, w.withComment(np.local, np.dirs), jump("RETURN"))
+		w.nat(chainNodePort, []string{"-p", np.proto}, w.withComment(np.all, np.dirs), jump(chainMarkMasq))
 	}
-	filter(chainProxyFirewall, withComment(setLoadBalancerFW, "dst,dst"), jump(chainSourceRangesFirewall))
-	filter(chainSourceRangesFirewall, withComment(setLoadBalancerSourceCIDR, "dst,dst,src"), jump("RETURN"))
-	filter(chainSourceRangesFirewall, withComment(setLoadBalancerSourceIP, "dst,dst,src"), jump("RETURN"))
+	w.filter(chainProxyFirewall, w.withComment(setLoadBalancerFW, "dst,dst"), jump(chainSourceRangesFirewall))
+	w.filter(chainSourceRangesFirewall, w.withComment(setLoadBalancerSourceCIDR, "dst,dst,src"), jump("RETURN"))
+	w.filter(chainSourceRangesFirewall, w.withComment(setLoadBalancerSourceIP, "dst,dst,src"), jump("RETURN"))
 
 	// sluice: externalTrafficPolicy Local without local endpoints. Pods (by the local
 	// detector) and the node itself reach the cluster's endpoints, everyone else is dropped.
-	if local := detectorLocal(cfg.detector); local != nil {
-		filter(chainProxyFirewall, withComment(setNoLocalEndpoints, "dst,dst"), local, jump("RETURN"))
+	if local := detectorLocal(w.cfg.detector); local != nil {
+		w.filter(chainProxyFirewall, w.withComment(setNoLocalEndpoints, "dst,dst"), local, jump("RETURN"))
 	}
-	filter(chainProxyFirewall, withComment(setNoLocalEndpoints, "dst,dst"),
+	w.filter(chainProxyFirewall, w.withComment(setNoLocalEndpoints, "dst,dst"),
 		[]string{"-m", "addrtype", "!", "--src-type", "LOCAL"}, jump("DROP"))
 	// The node itself reaching such a frontend goes to another node's endpoint; from an
 	// externalIP or LB IP its source is that address, which the other node holds too, so
 	// the reply would never come back: masquerade it (upstream leaves it broken).
-	nat(chainServices, withComment(setNoLocalEndpoints, "dst,dst"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(chainMarkMasq))
+	w.nat(chainServices, w.withComment(setNoLocalEndpoints, "dst,dst"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(chainMarkMasq))
+}
 
+// masquerade: which ClusterIP and externalIP traffic is masqueraded or accepted, and the
+// jumps to the NodePort, load-balancer and source-range chains' ends.
+func (w *ruleWriter) masquerade() {
 	// ClusterIPs: masquerade what does not come from a pod.
-	switch notLocal := detectorNotLocal(cfg.detector); {
-	case cfg.masqueradeAll:
-		nat(chainServices, withComment(setClusterIP, "dst,dst"), jump(chainMarkMasq))
+	switch notLocal := detectorNotLocal(w.cfg.detector); {
+	case w.cfg.masqueradeAll:
+		w.nat(chainServices, w.withComment(setClusterIP, "dst,dst"), jump(chainMarkMasq))
 	case notLocal != nil:
-		nat(chainServices, withComment(setClusterIP, "dst,dst"), notLocal, jump(chainMarkMasq))
+		w.nat(chainServices, w.withComment(setClusterIP, "dst,dst"), notLocal, jump(chainMarkMasq))
 	default:
 		// Without a detector, masquerade traffic the node sends from a Service address: the
 		// dummy device makes the kernel pick a VIP as the source of connections to VIPs.
-		nat(chainServices, withComment(setClusterIP, "src,dst"), jump(chainMarkMasq))
+		w.nat(chainServices, w.withComment(setClusterIP, "src,dst"), jump(chainMarkMasq))
 	}
 
 	// externalIPs: masquerade (Cluster policy), and accept what comes from outside the node
 	// or to an address the node holds.
 	externalAccept := func(id ipsetID) {
-		nat(chainServices, withComment(id, "dst,dst"), []string{"-m", "physdev", "!", "--physdev-is-in", "-m", "addrtype", "!", "--src-type", "LOCAL"}, jump("ACCEPT"))
-		nat(chainServices, withComment(id, "dst,dst"), []string{"-m", "addrtype", "--dst-type", "LOCAL"}, jump("ACCEPT"))
+		w.nat(chainServices, w.withComment(id, "dst,dst"), []string{"-m", "physdev", "!", "--physdev-is-in", "-m", "addrtype", "!", "--src-type", "LOCAL"}, jump("ACCEPT"))
+		w.nat(chainServices, w.withComment(id, "dst,dst"), []string{"-m", "addrtype", "--dst-type", "LOCAL"}, jump("ACCEPT"))
 	}
-	nat(chainServices, withComment(setExternalIP, "dst,dst"), jump(chainMarkMasq))
+	w.nat(chainServices, w.withComment(setExternalIP, "dst,dst"), jump(chainMarkMasq))
 	externalAccept(setExternalIP)
 	externalAccept(setExternalIPLocal)
 
-	nat(chainServices, []string{"-m", "addrtype", "--dst-type", "LOCAL"}, jump(chainNodePort))
-	nat(chainLoadBalancer, jump(chainMarkMasq))
-	filter(chainSourceRangesFirewall, jump("DROP"))
+	w.nat(chainServices, []string{"-m", "addrtype", "--dst-type", "LOCAL"}, jump(chainNodePort))
+	w.nat(chainLoadBalancer, jump(chainMarkMasq))
+	w.filter(chainSourceRangesFirewall, jump("DROP"))
+}
 
+// outFilter drops traffic the node sends to an LB IP whose source ranges leave the node out.
+func (w *ruleWriter) outFilter(outFilter []outFilterRule) {
 	for _, f := range outFilter {
-		filter(chainIPVSOutFilter, []string{"-s", f.addr.String(), "-m", "ipvs", "--vaddr", f.addr.String(),
+		w.filter(chainIPVSOutFilter, []string{"-s", f.addr.String(), "-m", "ipvs", "--vaddr", f.addr.String(),
 			"--vproto", strings.ToLower(string(f.proto)), "--vport", strconv.Itoa(int(f.port))}, jump("DROP"))
 	}
+}
 
+// acceptAndFilter: accept traffic to virtual servers, forward marked and established
+// traffic, and refuse everything else on the dummy device's addresses.
+func (w *ruleWriter) acceptAndFilter() {
+	mark := w.mark
 	// Accept traffic to virtual servers, whatever other rules say (at the end of KUBE-SERVICES).
-	nat(chainServices, matchSet(setClusterIP, "dst,dst"), jump("ACCEPT"))
-	nat(chainServices, matchSet(setLoadBalancer, "dst,dst"), jump("ACCEPT"))
+	w.nat(chainServices, w.matchSet(setClusterIP, "dst,dst"), jump("ACCEPT"))
+	w.nat(chainServices, w.matchSet(setLoadBalancer, "dst,dst"), jump("ACCEPT"))
 
-	filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding rules", "-m", "mark", "--mark", mark + "/" + mark}, jump("ACCEPT"))
-	filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding conntrack rule", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"}, jump("ACCEPT"))
-	filter(chainNodePort, withComment(setHealthCheckNodePort, "dst"), jump("ACCEPT"))
+	w.filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding rules", "-m", "mark", "--mark", mark + "/" + mark}, jump("ACCEPT"))
+	w.filter(chainForward, []string{"-m", "comment", "--comment", "kubernetes forwarding conntrack rule", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"}, jump("ACCEPT"))
+	w.filter(chainNodePort, w.withComment(setHealthCheckNodePort, "dst"), jump("ACCEPT"))
 
 	// sluice: a TCP virtual server without a real server is refused with a reset before IPVS
 	// sees the SYN (IPVS's own answer, ICMP port unreachable, leaves an IPv6 client waiting
 	// for its SYN retransmit). Connections the node itself opens meet IPVS in OUTPUT, before
 	// any filter rule may REJECT, and still get IPVS's answer.
-	filter(chainIPVSFilter, []string{"-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"}, withComment(setNoEndpointsTCP, "dst,dst"),
+	w.filter(chainIPVSFilter, []string{"-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"}, w.withComment(setNoEndpointsTCP, "dst,dst"),
 		[]string{"-j", "REJECT", "--reject-with", "tcp-reset"})
 
 	// Nothing but the Services' ports answers on the addresses the dummy device holds
 	// (https://issues.k8s.io/72236).
-	filter(chainIPVSFilter, matchSet(setLoadBalancer, "dst,dst"), jump("RETURN"))
-	filter(chainIPVSFilter, matchSet(setClusterIP, "dst,dst"), jump("RETURN"))
-	filter(chainIPVSFilter, matchSet(setExternalIP, "dst,dst"), jump("RETURN"))
-	filter(chainIPVSFilter, matchSet(setExternalIPLocal, "dst,dst"), jump("RETURN"))
-	filter(chainIPVSFilter, matchSet(setHealthCheckNodePort, "dst"), jump("RETURN"))
+	w.filter(chainIPVSFilter, w.matchSet(setLoadBalancer, "dst,dst"), jump("RETURN"))
+	w.filter(chainIPVSFilter, w.matchSet(setClusterIP, "dst,dst"), jump("RETURN"))
+	w.filter(chainIPVSFilter, w.matchSet(setExternalIP, "dst,dst"), jump("RETURN"))
+	w.filter(chainIPVSFilter, w.matchSet(setExternalIPLocal, "dst,dst"), jump("RETURN"))
+	w.filter(chainIPVSFilter, w.matchSet(setHealthCheckNodePort, "dst"), jump("RETURN"))
 	// TCP is refused with a reset, the rest with REJECT's ICMP port unreachable: Linux TCP
 	// takes an ICMP error that arrives while connect() holds the socket as a soft error,
 	// so a client (IPv6 ones typically) would wait for a SYN retransmit.
-	filter(chainIPVSFilter, []string{"-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"}, matchSet(setIPVSIPs, "dst"),
+	w.filter(chainIPVSFilter, []string{"-p", "tcp", "-m", "conntrack", "--ctstate", "NEW"}, w.matchSet(setIPVSIPs, "dst"),
 		[]string{"-j", "REJECT", "--reject-with", "tcp-reset"})
-	filter(chainIPVSFilter, []string{"-m", "conntrack", "--ctstate", "NEW"}, matchSet(setIPVSIPs, "dst"), jump("REJECT"))
+	w.filter(chainIPVSFilter, []string{"-m", "conntrack", "--ctstate", "NEW"}, w.matchSet(setIPVSIPs, "dst"), jump("REJECT"))
+}
 
-	nat(chainPostrouting, []string{"-m", "mark", "!", "--mark", mark + "/" + mark}, jump("RETURN"))
-	nat(chainPostrouting, []string{"-j", "MARK", "--xor-mark", mark})
-	nat(chainPostrouting, []string{"-m", "comment", "--comment", "kubernetes service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully"})
-	nat(chainMarkMasq, []string{"-j", "MARK", "--or-mark", mark})
-	return rs
+// postrouting masquerades marked traffic.
+func (w *ruleWriter) postrouting() {
+	mark := w.mark
+	w.nat(chainPostrouting, []string{"-m", "mark", "!", "--mark", mark + "/" + mark}, jump("RETURN"))
+	w.nat(chainPostrouting, []string{"-j", "MARK", "--xor-mark", mark})
+	w.nat(chainPostrouting, []string{"-m", "comment", "--comment", "kubernetes service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully"})
+	w.nat(chainMarkMasq, []string{"-j", "MARK", "--or-mark", mark})
 }
 
 // line renders "-A chain args..." with arguments quoted as iptables-save does.

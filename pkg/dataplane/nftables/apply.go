@@ -208,35 +208,7 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 	for len(groups) > 0 && res.err == nil {
 		deferElems := defer1
 		defer1 = false
-		enc := newEncoder(a.f)
-		enc.b.buf = getBatchBuffer(64 << 10)
-		var where []opRef
-		encode := func(gi int, o *op) {
-			before := enc.count
-			enc.encodeOp(o, gi)
-			for m := before; m < enc.count; m++ {
-				where = append(where, opRef{group: gi, op: o})
-			}
-		}
-		for gi, g := range groups {
-			for oi := range g.ops {
-				if !deferElems || !deferredOp(&g.ops[oi]) {
-					encode(gi, &g.ops[oi])
-				}
-			}
-			if a.fault != nil && g.isService() {
-				if bad := faultOp(a.f, a.fault(g.service), g); bad != nil {
-					encode(gi, bad)
-				}
-			}
-		}
-		for gi, g := range groups {
-			for oi := range g.ops {
-				if deferElems && deferredOp(&g.ops[oi]) {
-					encode(gi, &g.ops[oi])
-				}
-			}
-		}
+		enc, where := a.encodeBatch(groups, deferElems)
 		errs, err := a.c.sendBatch(enc.b.buf, enc.count)
 		putBatchBuffer(enc.b.buf)
 		if err != nil {
@@ -253,19 +225,7 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 		if deferElems {
 			continue // again, in plan order, to find the culprits
 		}
-		// Which groups did the kernel object to?
-		bad := map[int]error{}
-		unattributed := false
-		for _, e := range errs {
-			if e.index < 0 || e.index >= len(where) {
-				unattributed = true
-				continue
-			}
-			ref := where[e.index]
-			if _, seen := bad[ref.group]; !seen {
-				bad[ref.group] = fmt.Errorf("%s: %w", ref.op.describe(), e)
-			}
-		}
+		bad, unattributed := blame(errs, where)
 		for gi, e := range bad {
 			if g := groups[gi]; !g.isService() && !g.cleanup {
 				res.err = fmt.Errorf("fixed part of the table rejected: %w", e)
@@ -273,47 +233,110 @@ func (a *applier) sendIsolating(groups []*group, replace bool, res *applyResult)
 			}
 		}
 		if len(bad) == 0 && unattributed {
-			if len(groups) == 1 {
-				g := groups[0]
-				e := fmt.Errorf("transaction rejected: %w", errs[0])
-				if g.cleanup {
-					res.cleanupErr = fmt.Errorf("removing leftovers rejected: %w", e)
-					return
-				}
-				if !g.isService() {
-					res.err = e
-					return
-				}
-				res.failed[g.service] = e
-				return
-			}
-			if replace {
-				// Halves of a replacement are not valid transactions; give up.
-				res.err = fmt.Errorf("table replacement rejected: %w", errs[0])
-				return
-			}
-			mid := len(groups) / 2
-			a.sendIsolating(groups[:mid], false, res)
-			a.sendIsolating(groups[mid:], false, res)
+			a.splitUnattributed(groups, replace, errs[0], res)
 			return
 		}
-		kept := make([]*group, 0, len(groups))
-		for gi, g := range groups {
-			if e, isBad := bad[gi]; isBad {
-				if g.cleanup {
-					// Left out like a rejected Service: the Services in its batch are
-					// still programmed. The sync fails (the next one is full and plans
-					// the cleanup again from a fresh read).
-					res.cleanupErr = fmt.Errorf("removing leftovers rejected: %w", e)
-					continue
-				}
-				res.failed[g.service] = e
+		groups = leaveOut(groups, bad, res)
+	}
+}
+
+// encodeBatch encodes groups as one batch, with the endpoint map additions last when
+// deferElems, and says which group and operation each message comes from.
+func (a *applier) encodeBatch(groups []*group, deferElems bool) (*encoder, []opRef) {
+	enc := newEncoder(a.f)
+	enc.b.buf = getBatchBuffer(64 << 10)
+	var where []opRef
+	encode := func(gi int, o *op) {
+		before := enc.count
+		enc.encodeOp(o, gi)
+		for m := before; m < enc.count; m++ {
+			where = append(where, opRef{group: gi, op: o})
+		}
+	}
+	for gi, g := range groups {
+		for oi := range g.ops {
+			if !deferElems || !deferredOp(&g.ops[oi]) {
+				encode(gi, &g.ops[oi])
+			}
+		}
+		if a.fault != nil && g.isService() {
+			if bad := faultOp(a.f, a.fault(g.service), g); bad != nil {
+				encode(gi, bad)
+			}
+		}
+	}
+	for gi, g := range groups {
+		for oi := range g.ops {
+			if deferElems && deferredOp(&g.ops[oi]) {
+				encode(gi, &g.ops[oi])
+			}
+		}
+	}
+	return enc, where
+}
+
+// blame says which groups the kernel objected to (by index, with the first error of
+// each), and whether some error named no message of the batch.
+func blame(errs []batchError, where []opRef) (map[int]error, bool) {
+	bad := map[int]error{}
+	unattributed := false
+	for _, e := range errs {
+		if e.index < 0 || e.index >= len(where) {
+			unattributed = true
+			continue
+		}
+		ref := where[e.index]
+		if _, seen := bad[ref.group]; !seen {
+			bad[ref.group] = fmt.Errorf("%s: %w", ref.op.describe(), e)
+		}
+	}
+	return bad, unattributed
+}
+
+// splitUnattributed handles a rejection no message was blamed for: a single group takes
+// the blame, a replacement gives up, other batches are sent again in halves.
+func (a *applier) splitUnattributed(groups []*group, replace bool, first batchError, res *applyResult) {
+	if len(groups) == 1 {
+		g := groups[0]
+		e := fmt.Errorf("transaction rejected: %w", first)
+		switch {
+		case g.cleanup:
+			res.cleanupErr = fmt.Errorf("removing leftovers rejected: %w", e)
+		case !g.isService():
+			res.err = e
+		default:
+			res.failed[g.service] = e
+		}
+		return
+	}
+	if replace {
+		// Halves of a replacement are not valid transactions; give up.
+		res.err = fmt.Errorf("table replacement rejected: %w", first)
+		return
+	}
+	mid := len(groups) / 2
+	a.sendIsolating(groups[:mid], false, res)
+	a.sendIsolating(groups[mid:], false, res)
+}
+
+// leaveOut returns the groups the kernel did not object to, recording the others.
+func leaveOut(groups []*group, bad map[int]error, res *applyResult) []*group {
+	kept := make([]*group, 0, len(groups))
+	for gi, g := range groups {
+		if e, isBad := bad[gi]; isBad {
+			if g.cleanup {
+				// Left out like a rejected Service: the Services in its batch are
+				// still programmed. The sync fails (the next one is full and plans
+				// the cleanup again from a fresh read).
+				res.cleanupErr = fmt.Errorf("removing leftovers rejected: %w", e)
 				continue
 			}
-			kept = append(kept, g)
+			res.failed[g.service] = e
+			continue
 		}
-		groups = kept
+		kept = append(kept, g)
 	}
+	return kept
 }
 
 // deferredOp reports whether o goes at the end of its batch: additions to the endpoint

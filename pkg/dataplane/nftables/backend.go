@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fullsync"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/leftovers"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
@@ -28,16 +29,14 @@ type Backend struct {
 
 	// state is the model of the kernel table; nil until the first (full) Apply.
 	state *tableState
-	// needFull forces the next Apply to read the kernel and plan everything: after a
-	// failure whose effect on the kernel is not known.
-	needFull bool
+	// sync decides full syncs: NeedFull after a failure whose effect on the kernel is not
+	// known (or a Service rejected for a missing object, which only a full read repairs).
+	sync fullsync.State
 	// trusted is set while state is what the backend wrote (the last Apply did not fail
-	// as a whole): a full read that differs from it found drift.
-	trusted  bool
-	lastFull time.Time
-	// leftoversPending is set until the first successful sync has removed the other
-	// modes' leftovers.
-	leftoversPending bool
+	// as a whole): a full read that differs from it found drift. It is not
+	// sync.Trusted(): a Service rejected for a missing object asks for a full sync and
+	// leaves the model trusted, so that the full read reports the missing object as drift.
+	trusted bool
 
 	deleteChainsNow bool
 	localAddrs      func() ([]netip.Addr, error)
@@ -135,7 +134,6 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		cfg: cfg, f: f, c: c, logger: logger,
 		app:             &applier{c: c, f: f, limits: o.limits},
 		fault:           o.fault,
-		needFull:        true,
 		deleteChainsNow: kv.AtLeast(6, 2),
 		localAddrs:      o.localAddrs,
 		now:             o.now,
@@ -145,7 +143,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	// The other modes' rules keep forwarding until this table carries the Services:
 	// they are removed after the first successful sync, not here (no gap when a node
 	// moves from iptables or ipvs mode to nftables).
-	b.leftoversPending = !o.skipLeftovers
+	b.sync = fullsync.New(!o.skipLeftovers)
 	logger.V(2).Info("Using nftables", "kernel", kv.String(), "mark", markString(b.mark()))
 	return b, nil
 }
@@ -164,6 +162,7 @@ func (b *Backend) mark() uint32 { return 1 << uint(b.cfg.MasqueradeBit) }
 // ApplyStats describes the last Apply, for tests, benchmarks and `sluice status`.
 type ApplyStats struct {
 	Full       bool
+	Reason     string // why the sync was full (fullsync.Reason*); "" for a partial one
 	Replaced   bool
 	Operations int // planned operations (an element counts as one)
 	Groups     int
@@ -186,15 +185,53 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 // kernel, which repairs drift.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.now()
-	full := changes.Full || b.needFull || b.state == nil ||
-		(b.cfg.SyncPeriod > 0 && start.Sub(b.lastFull) >= b.cfg.SyncPeriod)
-	family := b.cfg.Family.String()
+	reason := b.sync.Reason(changes.Full, start, b.cfg.SyncPeriod)
+	if reason == "" && b.state == nil {
+		reason = fullsync.ReasonFirst
+	}
+	full := reason != ""
 	before := b.c.stats
-	b.stats = ApplyStats{Full: full}
+	b.stats = ApplyStats{Full: full, Reason: reason}
 
 	if b.fault != nil {
 		b.app.fault = func(name types.NamespacedName) faultKind { return b.fault(name, desired.PortsOf(name)) }
 	}
+	in := b.planInput(desired, changes, full, start)
+	if full {
+		if err := b.readForFull(in); err != nil {
+			metrics.NFTablesSyncFailuresTotal.WithLabelValues(b.cfg.Family.String()).Inc()
+			b.sync.Failed()
+			return dataplane.Result{Err: err, Full: true}
+		}
+	}
+	p, res := b.planAndSend(in, start)
+	b.stats.Batches = res.batches
+	b.stats.Messages = b.c.stats.Messages - before.Messages
+	b.stats.Bytes = b.c.stats.BytesSent - before.BytesSent
+	b.stats.Dumps = b.c.stats.Dumps - before.Dumps
+
+	// The model is what the kernel now holds: the base, to which the batcher committed
+	// every group the kernel took. The endpoint map elements a full read brought in are
+	// dropped: between full resyncs the Services' records stand for them.
+	b.state = p.base
+	for name, s := range b.state.sets {
+		if isEndpointMap(name) {
+			s.elems, s.intervals = nil, nil
+		}
+	}
+
+	out := b.settle(p, res, full, start)
+	if out.Err == nil && b.sync.LeftoversDue() {
+		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeNFTables, b.cfg.Family, nil)
+	}
+	b.logger.V(2).Info("Synced nftables", "full", full, "reason", reason, "replaced", p.replace, "services", len(desired.Services),
+		"operations", b.stats.Operations, "batches", b.stats.Batches, "messages", b.stats.Messages,
+		"failed", len(out.Failed), "elapsed", b.now().Sub(start).Seconds())
+	return out
+}
+
+// planInput gathers what the planner needs besides the kernel's state.
+func (b *Backend) planInput(desired *model.NodeState, changes model.Changes, full bool, start time.Time) *planInput {
 	in := &planInput{
 		cfg:             b.layout(desired),
 		desired:         desired,
@@ -203,47 +240,50 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		deleteChainsNow: b.deleteChainsNow,
 		now:             start,
 		skipValidation:  b.skipValidation,
+		state:           b.state,
 	}
 	if ips := desired.Node.IPsOf(b.cfg.Family); len(ips) > 0 {
 		in.nodeIP = ips[0]
 	}
-	prevRecords := map[types.NamespacedName]*serviceRecord{}
-	if b.state != nil {
-		prevRecords = b.state.services
-	}
-	base := b.state
-	if full {
-		if !in.cfg.nodePortMatchAll {
-			addrs, err := b.localAddrs()
-			if err != nil {
-				b.logger.Error(err, "Failed to list node addresses, NodePorts may not work on all of them")
-			}
-			in.localAddrs = addrs
-		}
-		readStart := b.now()
-		st, rs, err := readState(b.c, b.f, b.state)
-		b.stats.Read, b.stats.ReadTime = rs, b.now().Sub(readStart)
-		if err != nil {
-			metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
-			b.needFull = true
-			return dataplane.Result{Err: fmt.Errorf("read the %s table: %w", b.f.name, err), Full: true}
-		}
-		// The read happens before anything of this sync is written: it sees only the
-		// previous syncs' work, and whatever else changed the table since.
-		if b.state != nil && b.trusted {
-			driftOf(b.state, st).Report(b.logger, dataplane.ModeNFTables, b.cfg.Family)
-		}
-		base = st
-		in.prevRecords = prevRecords
-	}
-	in.state = base
+	return in
+}
 
-	// Plan and apply together: each group goes to the batcher as soon as it is planned,
-	// and a batch is sent as soon as it fills, so that the whole plan of a large table
-	// never sits in memory. Planning time is what is left of the total once the time
-	// spent sending is taken out.
+// readForFull reads the table back (and the node's addresses) for a full sync: the plan's
+// base becomes what the kernel holds, and the previous records what the backend wrote.
+func (b *Backend) readForFull(in *planInput) error {
+	if !in.cfg.nodePortMatchAll {
+		addrs, err := b.localAddrs()
+		if err != nil {
+			b.logger.Error(err, "Failed to list node addresses, NodePorts may not work on all of them")
+		}
+		in.localAddrs = addrs
+	}
+	readStart := b.now()
+	st, rs, err := readState(b.c, b.f, b.state)
+	b.stats.Read, b.stats.ReadTime = rs, b.now().Sub(readStart)
+	if err != nil {
+		return fmt.Errorf("read the %s table: %w", b.f.name, err)
+	}
+	// The read happens before anything of this sync is written: it sees only the
+	// previous syncs' work, and whatever else changed the table since.
+	if b.state != nil && b.trusted {
+		driftOf(b.state, st).Report(b.logger, dataplane.ModeNFTables, b.cfg.Family)
+	}
+	in.prevRecords = map[types.NamespacedName]*serviceRecord{}
+	if b.state != nil {
+		in.prevRecords = b.state.services
+	}
+	in.state = st
+	return nil
+}
+
+// planAndSend plans and applies together: each group goes to the batcher as soon as it is
+// planned, and a batch is sent as soon as it fills, so that the whole plan of a large
+// table never sits in memory. Planning time is what is left of the total once the time
+// spent sending is taken out.
+func (b *Backend) planAndSend(in *planInput, start time.Time) (*Plan, *applyResult) {
 	bt := newBatcher(b.app, b.recordPlan)
-	bt.state, bt.now = base, start
+	bt.state, bt.now = in.state, start
 	var recorded []*group
 	var sendTime time.Duration
 	ops := 0
@@ -272,21 +312,13 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if klogV := b.logger.V(9); klogV.Enabled() && b.recordPlan {
 		klogV.Info("Planned nftables changes", "plan", p.String())
 	}
-	b.stats.Batches = res.batches
-	b.stats.Messages = b.c.stats.Messages - before.Messages
-	b.stats.Bytes = b.c.stats.BytesSent - before.BytesSent
-	b.stats.Dumps = b.c.stats.Dumps - before.Dumps
+	return p, res
+}
 
-	// The model is what the kernel now holds: the base, to which the batcher committed
-	// every group the kernel took. The endpoint map elements a full read brought in are
-	// dropped: between full resyncs the Services' records stand for them.
-	b.state = p.base
-	for name, s := range b.state.sets {
-		if isEndpointMap(name) {
-			s.elems, s.intervals = nil, nil
-		}
-	}
-
+// settle turns the batcher's outcome into the sync's result and the state for the next:
+// whether it must be full, whether the model is trusted, the failure metrics.
+func (b *Backend) settle(p *Plan, res *applyResult, full bool, start time.Time) dataplane.Result {
+	family := b.cfg.Family.String()
 	out := dataplane.Result{Full: full}
 	if len(p.invalid)+len(res.failed) > 0 {
 		out.Failed = map[types.NamespacedName]error{}
@@ -297,10 +329,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 			out.Failed[svc] = err
 		}
 	}
-	switch {
-	case res.err != nil:
+	if res.err != nil {
 		out.Err = res.err
-		b.needFull = true
+		b.sync.Failed()
 		metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
 		if res.cleanupFailed {
 			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(family).Inc()
@@ -308,32 +339,25 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		if errors.Is(res.err, errBatchLost) {
 			b.state = nil
 		}
-	case len(res.failed) > 0:
+		b.trusted = false
+		return out
+	}
+	if full {
+		b.sync.FullSynced(start)
+	}
+	if len(res.failed) > 0 {
 		metrics.NFTablesSyncFailuresTotal.WithLabelValues(family).Inc()
 		// A missing object (someone deleted our table or a chain) is drift: the model is
 		// wrong, and only a full read puts it right. Other rejections are the Service's
 		// own; the sync loop retries it.
-		b.needFull = false
 		for _, err := range res.failed {
 			var be batchError
 			if errors.As(err, &be) && be.errno == unix.ENOENT {
-				b.needFull = true
+				b.sync.Failed()
 			}
 		}
-	default:
-		b.needFull = false
 	}
-	b.trusted = out.Err == nil
-	if full && out.Err == nil {
-		b.lastFull = start
-	}
-	if out.Err == nil && b.leftoversPending {
-		b.leftoversPending = false
-		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeNFTables, b.cfg.Family, nil)
-	}
-	b.logger.V(2).Info("Synced nftables", "full", full, "replaced", p.replace, "services", len(desired.Services),
-		"operations", b.stats.Operations, "batches", b.stats.Batches, "messages", b.stats.Messages,
-		"failed", len(out.Failed), "elapsed", b.now().Sub(start).Seconds())
+	b.trusted = true
 	return out
 }
 
@@ -348,18 +372,4 @@ func (b *Backend) layout(desired *model.NodeState) *layoutConfig {
 		nodePortCIDRs:    b.cfg.NodePortAddresses.CIDRs,
 		serviceCIDRs:     desired.ServiceCIDRs,
 	}
-}
-
-// Cleanup deletes the kube-proxy table of one family (for `sluice cleanup` and mode
-// switches), whoever wrote it. A missing table is not an error.
-func Cleanup(ctx context.Context, family model.IPFamily) error {
-	deleted, err := leftovers.DeleteNFTablesTable(family)
-	if err != nil {
-		metrics.NFTablesCleanupFailuresTotal.WithLabelValues(family.String()).Inc()
-		return err
-	}
-	if deleted {
-		klog.FromContext(ctx).V(2).Info("Deleted the kube-proxy nftables table", "ipFamily", family.String())
-	}
-	return nil
 }

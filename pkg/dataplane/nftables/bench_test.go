@@ -132,7 +132,7 @@ func BenchmarkOneEndpointChange(b *testing.B) {
 func BenchmarkOneEndpointServiceMoves(b *testing.B) {
 	benchEndpointMoves(b, func(ns *model.NodeState) types.NamespacedName {
 		target := types.NamespacedName{Namespace: "t", Name: "single"}
-		single := svc("t", "single", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:8080").build()
+		single := svc("t", "single", "http", model.TCP, "172.31.0.1", 80).Endpoints("10.180.0.1:8080").Build()
 		ns.SetService(target, []*model.ServicePort{single}, nil)
 		return target
 	})
@@ -177,7 +177,7 @@ func BenchmarkFirstPacket(b *testing.B) {
 			tp.addPod("pod-a", "10.180.0.1")
 			be := newTestBackend(b, testConfig(model.IPv4), fixedAddrs(testNodeIP))
 			ns := scaleState(model.IPv4, n, 10)
-			target := svc("t", "target", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:80", "10.180.0.1:8080").build()
+			target := svc("t", "target", "http", model.TCP, "172.31.0.1", 80).Endpoints("10.180.0.1:80", "10.180.0.1:8080").Build()
 			ns.SetService(target.Name.NamespacedName, []*model.ServicePort{target}, nil)
 			ns.ServiceCIDRs = append(ns.ServiceCIDRs, netip.MustParsePrefix("172.31.0.0/16"))
 			mustApply(b, be, ns, model.Changes{Full: true})
@@ -371,7 +371,7 @@ func BenchmarkEndpointChanges(b *testing.B) {
 		targets := make([]types.NamespacedName, len(cases))
 		for i, c := range cases {
 			targets[i] = types.NamespacedName{Namespace: "target", Name: c.name}
-			sp := svc("target", c.name, "http", model.TCP, fmt.Sprintf("172.31.0.%d", i+1), 80).endpoints(c.st.a...).build()
+			sp := svc("target", c.name, "http", model.TCP, fmt.Sprintf("172.31.0.%d", i+1), 80).Endpoints(c.st.a...).Build()
 			ns.SetService(targets[i], []*model.ServicePort{sp}, nil)
 		}
 		mustApply(b, be, ns, model.Changes{Full: true})
@@ -388,7 +388,7 @@ func BenchmarkEndpointChanges(b *testing.B) {
 					if k%2 == 1 {
 						list = c.st.b
 					}
-					sp := svc("target", c.name, "http", model.TCP, fmt.Sprintf("172.31.0.%d", i+1), 80).endpoints(list...).build()
+					sp := svc("target", c.name, "http", model.TCP, fmt.Sprintf("172.31.0.%d", i+1), 80).Endpoints(list...).Build()
 					ns.SetService(targets[i], []*model.ServicePort{sp}, nil)
 					mustApply(b, be, ns, ch)
 					st = be.LastStats()

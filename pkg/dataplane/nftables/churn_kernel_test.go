@@ -45,7 +45,7 @@ func TestEndpointChurnKeepsSyncing(t *testing.T) {
 	clusterIP := func(i int) string { return fmt.Sprintf("172.30.%d.%d", i/250, i%250+1) }
 	eps := make([][]string, services)
 	port := func(i int) *model.ServicePort {
-		return svc(name(i).Namespace, name(i).Name, "http", model.TCP, clusterIP(i), 80).endpoints(eps[i]...).build()
+		return svc(name(i).Namespace, name(i).Name, "http", model.TCP, clusterIP(i), 80).Endpoints(eps[i]...).Build()
 	}
 	// Probes: single-endpoint Services moving between the pods, and a Service whose
 	// endpoints are a changing subset of them.

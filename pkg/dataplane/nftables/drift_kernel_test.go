@@ -29,7 +29,7 @@ func TestDriftRepairsAreCounted(t *testing.T) {
 		before[k] = driftCount(k)
 	}
 	// Partial and full syncs of sluice's own changes are not drift.
-	sp := svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints("10.180.0.3:80", "10.180.0.1:80@local").build()
+	sp := svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).NodePort(30080).Endpoints("10.180.0.3:80", "10.180.0.1:80@local").Build()
 	ns.SetService(sp.Name.NamespacedName, []*model.ServicePort{sp}, nil)
 	mustApply(t, b, ns, changed("t/nodeport"))
 	mustApply(t, b, ns, model.Changes{Full: true})

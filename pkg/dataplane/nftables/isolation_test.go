@@ -76,7 +76,7 @@ func TestInvalidServiceIsReportedNotSent(t *testing.T) {
 	resetTable(t)
 	b := newTestBackend(t, testConfig(model.IPv4), fixedAddrs(testNodeIP))
 	ns := takeoverState()
-	badSvc := svc("t", "bad", "p", model.TCP, "172.30.0.99", 80).endpoints("[fd00::1]:80").build()
+	badSvc := svc("t", "bad", "p", model.TCP, "172.30.0.99", 80).Endpoints("[fd00::1]:80").Build()
 	ns.SetService(badSvc.Name.NamespacedName, []*model.ServicePort{badSvc}, nil)
 	res := b.Apply(t.Context(), ns, model.Changes{Full: true})
 	if res.Err != nil || len(res.Failed) != 1 || res.Failed[badSvc.Name.NamespacedName] == nil {

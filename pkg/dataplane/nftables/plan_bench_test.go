@@ -36,7 +36,7 @@ func BenchmarkPartialPlan(b *testing.B) {
 				if i%2 == 1 {
 					eps = eps[:1]
 				}
-				sp := svc("ns0", "svc0", "http", model.TCP, "172.30.0.1", 80).endpoints(eps...).build()
+				sp := svc("ns0", "svc0", "http", model.TCP, "172.30.0.1", 80).Endpoints(eps...).Build()
 				ns.SetService(sp.Name.NamespacedName, []*model.ServicePort{sp}, nil)
 				k.apply(ns, changed("ns0/svc0"))
 			}

@@ -52,33 +52,80 @@ func readState(c *conn, f *family, prev *tableState) (*tableState, readStats, er
 }
 
 func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tableState, error) {
-	fam := byte(f.nf)
-	st := newTableState()
+	r := &tableReader{c: c, f: f, fam: byte(f.nf), prev: prev, stats: stats, st: newTableState(),
+		chains: map[string]*rawChain{}, anonSets: map[string]*setDef{}}
 	if prev != nil {
 		for k, v := range prev.staleChains {
-			st.staleChains[k] = v
+			r.st.staleChains[k] = v
 		}
 	}
+	exists, err := r.readTable()
+	if err != nil {
+		return nil, err
+	}
+	if !exists {
+		return r.st, nil
+	}
+	if err := r.readChains(); err != nil {
+		return nil, err
+	}
+	if err := r.readSets(); err != nil {
+		return nil, err
+	}
+	if err := r.readRules(); err != nil {
+		return nil, err
+	}
+	if err := r.readElements(); err != nil {
+		return nil, err
+	}
+	blocks, err := r.finishChains()
+	if err != nil {
+		return nil, err
+	}
+	r.st.slots = rebuildSlots(blocks)
+	return r.st, nil
+}
 
-	tbl, err := c.request(unix.NFT_MSG_GETTABLE, fam, func(b *msgBuilder) {
+// tableReader holds one read of the table, phase by phase: the table, its chains, its
+// sets, the rules of every chain (hashed as they come), the sets' elements, and last the
+// chains whose rules changed.
+type tableReader struct {
+	c     *conn
+	f     *family
+	fam   byte
+	prev  *tableState
+	stats *readStats
+	st    *tableState
+
+	chains   map[string]*rawChain
+	order    []string // chain names, in the kernel's order
+	anonSets map[string]*setDef
+	reads    map[string]*chainRead
+}
+
+// readTable reads the table's flags; false if there is no table.
+func (r *tableReader) readTable() (bool, error) {
+	tbl, err := r.c.request(unix.NFT_MSG_GETTABLE, r.fam, func(b *msgBuilder) {
 		b.str(unix.NFTA_TABLE_NAME, kubeProxyTable)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("get table: %w", err)
+		return false, fmt.Errorf("get table: %w", err)
 	}
 	if tbl == nil {
-		return st, nil
+		return false, nil
 	}
-	st.exists = true
+	r.st.exists = true
 	for it := newAttrIter(tbl.data[nfgenHdrLen:]); it.next(); {
 		if it.typ == unix.NFTA_TABLE_FLAGS {
-			st.flags = it.u32()
+			r.st.flags = it.u32()
 		}
 	}
+	return true, nil
+}
 
-	chains := map[string]*rawChain{}
-	var order []string
-	err = c.dump(unix.NFT_MSG_GETCHAIN, fam, func(b *msgBuilder) { b.str(unix.NFTA_CHAIN_TABLE, kubeProxyTable) },
+// readChains lists the table's chains.
+func (r *tableReader) readChains() error {
+	err := r.c.dump(unix.NFT_MSG_GETCHAIN, r.fam, func(b *msgBuilder) { b.str(unix.NFTA_CHAIN_TABLE, kubeProxyTable) },
 		func(m nlMsg) error {
 			var name, table, typ, comment string
 			var hook *baseSpec
@@ -110,17 +157,20 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 			if hook != nil {
 				hook.typ = typ
 			}
-			chains[name] = &rawChain{base: hook, comment: comment}
-			order = append(order, name)
+			r.chains[name] = &rawChain{base: hook, comment: comment}
+			r.order = append(r.order, name)
 			return nil
 		})
 	if err != nil {
-		return nil, fmt.Errorf("list chains: %w", err)
+		return fmt.Errorf("list chains: %w", err)
 	}
-	stats.chains = len(chains)
+	r.stats.chains = len(r.chains)
+	return nil
+}
 
-	anonSets := map[string]*setDef{}
-	err = c.dump(unix.NFT_MSG_GETSET, fam, func(b *msgBuilder) { b.str(unix.NFTA_SET_TABLE, kubeProxyTable) },
+// readSets lists the table's named sets and remembers the anonymous ones.
+func (r *tableReader) readSets() error {
+	err := r.c.dump(unix.NFT_MSG_GETSET, r.fam, func(b *msgBuilder) { b.str(unix.NFTA_SET_TABLE, kubeProxyTable) },
 		func(m nlMsg) error {
 			var d setDef
 			var table string
@@ -153,44 +203,51 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 				d.dataLen = 0 // the kernel reports sizeof(struct nft_verdict); nft sends 0
 			}
 			if d.flags&unix.NFT_SET_ANONYMOUS != 0 {
-				anonSets[d.name] = &d
+				r.anonSets[d.name] = &d
 				return nil
 			}
 			// The kernel reports flags it manages itself (a set with a timeout and an
 			// update statement gets "dynamic"); keep only the ones we compare.
 			d.flags &= unix.NFT_SET_MAP | unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL | unix.NFT_SET_INTERVAL | unix.NFT_SET_CONSTANT
-			s := &setState{def: d}
-			st.sets[d.name] = s
+			r.st.sets[d.name] = &setState{def: d}
 			return nil
 		})
 	if err != nil {
-		return nil, fmt.Errorf("list sets: %w", err)
+		return fmt.Errorf("list sets: %w", err)
 	}
-	stats.sets = len(st.sets)
+	r.stats.sets = len(r.st.sets)
+	return nil
+}
 
+// readRules dumps the whole table's rules once.
+func (r *tableReader) readRules() error {
 	// The rules are hashed as the dump brings them: a full read never holds the table's
 	// rules. Only a rule using an anonymous set waits for the end of the dump (its set is
 	// dumped then), with the rules of its chain after it.
-	reads := make(map[string]*chainRead, len(chains))
-	for name, ch := range chains {
-		reads[name] = newChainRead(ch, prevChain(prev, name))
+	r.reads = make(map[string]*chainRead, len(r.chains))
+	for name, ch := range r.chains {
+		r.reads[name] = newChainRead(ch, prevChain(r.prev, name))
 	}
-	err = dumpRules(c, fam, "", func(chain string, r rawRule) {
-		stats.rules++
-		if cr := reads[chain]; cr != nil {
-			cr.add(fam, r, anonSets)
+	err := dumpRules(r.c, r.fam, "", func(chain string, raw rawRule) {
+		r.stats.rules++
+		if cr := r.reads[chain]; cr != nil {
+			cr.add(r.fam, raw, r.anonSets)
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("list rules: %w", err)
+		return fmt.Errorf("list rules: %w", err)
 	}
+	return nil
+}
 
-	for name, s := range st.sets {
+// readElements dumps the named sets' elements (the endpoint maps as intervals).
+func (r *tableReader) readElements() error {
+	for name, s := range r.st.sets {
 		if s.def.flags&unix.NFT_SET_EVAL != 0 {
 			continue // the datapath owns its content (affinity)
 		}
 		if isEndpointMap(name) {
-			err := dumpElements(c, fam, name, func(el anonElem) {
+			err := dumpElements(r.c, r.fam, name, func(el anonElem) {
 				if len(el.key) != 4 || len(el.data) > 20 {
 					return // not one of ours: the map's type is checked before it is used
 				}
@@ -199,14 +256,14 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 				s.intervals = append(s.intervals, e)
 			})
 			if err != nil {
-				return nil, fmt.Errorf("list elements of %s: %w", name, err)
+				return fmt.Errorf("list elements of %s: %w", name, err)
 			}
 			slices.SortFunc(s.intervals, compareIntervalElems)
-			stats.elements += len(s.intervals)
+			r.stats.elements += len(s.intervals)
 			continue
 		}
 		s.elems = map[string]string{}
-		err := dumpElements(c, fam, name, func(el anonElem) {
+		err := dumpElements(r.c, r.fam, name, func(el anonElem) {
 			if el.intervalEnd {
 				return
 			}
@@ -217,30 +274,36 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 			s.elems[string(el.key)] = v
 		})
 		if err != nil {
-			return nil, fmt.Errorf("list elements of %s: %w", name, err)
+			return fmt.Errorf("list elements of %s: %w", name, err)
 		}
-		stats.elements += len(s.elems)
+		r.stats.elements += len(s.elems)
 	}
+	return nil
+}
 
+// finishChains fills each chain's state: an unchanged chain keeps the previous read's
+// fingerprint and endpoint block, a chain read part way is read again on its own, the
+// others are fingerprinted from their parsed rules. It returns the endpoint blocks found.
+func (r *tableReader) finishChains() (map[string]slotBlock, error) {
 	blocks := map[string]slotBlock{}
-	for _, name := range order {
-		cr := reads[name]
-		cs := &chainState{base: chains[name].base, handles: cr.handles}
-		st.chains[name] = cs
+	for _, name := range r.order {
+		cr := r.reads[name]
+		cs := &chainState{base: r.chains[name].base, handles: cr.handles}
+		r.st.chains[name] = cs
 		switch {
 		case cr.unchanged():
 			cs.fp = cr.prev.fp
-			if b, ok := prev.slots.blocks[name]; ok {
+			if b, ok := r.prev.slots.blocks[name]; ok {
 				blocks[name] = b
 			}
 			continue
 		case !cr.parse:
 			// The handles left the previous read's part way: the rules before were
 			// not kept, so the chain is read again on its own.
-			cr = newChainRead(chains[name], nil)
-			err := dumpRules(c, fam, name, func(chain string, r rawRule) {
+			cr = newChainRead(r.chains[name], nil)
+			err := dumpRules(r.c, r.fam, name, func(chain string, raw rawRule) {
 				if chain == name {
-					cr.add(fam, r, anonSets)
+					cr.add(r.fam, raw, r.anonSets)
 				}
 			})
 			if err != nil {
@@ -248,16 +311,15 @@ func readStateOnce(c *conn, f *family, prev *tableState, stats *readStats) (*tab
 			}
 			cs.handles = cr.handles
 		}
-		stats.parsedChains++
-		if cr.finish(c, f, anonSets, stats) {
+		r.stats.parsedChains++
+		if cr.finish(r.c, r.f, r.anonSets, r.stats) {
 			cs.fp = cr.fp.sum()
 		}
 		if cr.block != nil {
 			blocks[name] = *cr.block
 		}
 	}
-	st.slots = rebuildSlots(blocks)
-	return st, nil
+	return blocks, nil
 }
 
 // rebuildSlots turns the blocks the chains use into allocator state: below the highest

@@ -16,7 +16,7 @@ import (
 // (one rule repair each) and removed, and traffic follows.
 func TestFullReadComparesChainsAsItReads(t *testing.T) {
 	tp, b, ns := trafficSetup(t, model.IPv4)
-	sp := svc("t", "web", "http", model.TCP, "172.30.0.50", 80).endpoints("10.180.0.1:80").build()
+	sp := svc("t", "web", "http", model.TCP, "172.30.0.50", 80).Endpoints("10.180.0.1:80").Build()
 	ns.SetService(sp.Name.NamespacedName, []*model.ServicePort{sp}, nil)
 	mustApply(t, b, ns, changed("t/web"))
 	web := ap("172.30.0.50", 80)

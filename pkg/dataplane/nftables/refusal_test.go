@@ -64,14 +64,14 @@ func TestNoEndpointsRefusedAtOnce(t *testing.T) {
 	tp := newTopology(t, model.IPv4)
 	services := map[model.IPFamily][]*model.ServicePort{
 		model.IPv4: {
-			svc("r", "v4", "http", model.TCP, "172.30.0.30", 80).nodePort(30090).build(),
-			svc("r", "v4dns", "dns", model.UDP, "172.30.0.31", 53).nodePort(30091).build(),
-			svc("r", "dual", "http", model.TCP, "172.30.0.32", 80).nodePort(30092).build(),
+			svc("r", "v4", "http", model.TCP, "172.30.0.30", 80).NodePort(30090).Build(),
+			svc("r", "v4dns", "dns", model.UDP, "172.30.0.31", 53).NodePort(30091).Build(),
+			svc("r", "dual", "http", model.TCP, "172.30.0.32", 80).NodePort(30092).Build(),
 		},
 		model.IPv6: {
-			svc("r", "v6", "http", model.TCP, "fd00:172:30::30", 80).nodePort(30093).build(),
-			svc("r", "v6dns", "dns", model.UDP, "fd00:172:30::31", 53).nodePort(30094).build(),
-			svc("r", "dual", "http", model.TCP, "fd00:172:30::32", 80).nodePort(30092).build(),
+			svc("r", "v6", "http", model.TCP, "fd00:172:30::30", 80).NodePort(30093).Build(),
+			svc("r", "v6dns", "dns", model.UDP, "fd00:172:30::31", 53).NodePort(30094).Build(),
+			svc("r", "dual", "http", model.TCP, "fd00:172:30::32", 80).NodePort(30092).Build(),
 		},
 	}
 	for _, f := range model.Families {

@@ -55,8 +55,8 @@ func TestRenderDefaultsToTheNodeAddresses(t *testing.T) {
 }
 
 func TestRenderNamesServicesItCannotProgram(t *testing.T) {
-	bad := svc("ns9", "bad", "p", model.Protocol("ICMP"), "172.30.0.99", 80).endpoints("10.180.0.9:80").build()
-	good := svc("ns1", "good", "p", model.TCP, "172.30.0.1", 80).endpoints("10.180.0.1:80").build()
+	bad := svc("ns9", "bad", "p", model.Protocol("ICMP"), "172.30.0.99", 80).Endpoints("10.180.0.9:80").Build()
+	good := svc("ns1", "good", "p", model.TCP, "172.30.0.1", 80).Endpoints("10.180.0.1:80").Build()
 	got, err := Render(nodeState(model.IPv4, good, bad), testConfig(model.IPv4), RenderOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -42,7 +42,7 @@ func TestColdStartAtScaleKeepsForwarding(t *testing.T) {
 	resetTable(t)
 	tp := newTopology(t, model.IPv4)
 	tp.addPod("pod-a", "10.180.0.1")
-	sentinel := svc("t", "sentinel", "http", model.TCP, "172.31.0.1", 80).endpoints("10.180.0.1:80@local").build()
+	sentinel := svc("t", "sentinel", "http", model.TCP, "172.31.0.1", 80).Endpoints("10.180.0.1:80@local").Build()
 
 	b := newTestBackend(t, testConfig(model.IPv4), WithLocalAddresses(hostnet.InterfaceAddrs))
 	small := nodeState(model.IPv4, sentinel)
@@ -67,8 +67,8 @@ func TestColdStartAtScaleKeepsForwarding(t *testing.T) {
 
 	// One endpoint moves: the same messages whatever the number of Services.
 	small2 := nodeState(model.IPv4, sentinel, svc("ns7", "svc7", "http", model.TCP, "172.30.0.8", 80).
-		endpoints("10.100.0.70:8080", "10.100.0.71:8080", "10.100.0.72:8080", "10.100.0.73:8080", "10.100.0.74:8080",
-			"10.100.0.75:8080", "10.100.0.76:8080", "10.100.0.77:8080", "10.100.0.78:8080", "10.100.0.79:8080").build())
+		Endpoints("10.100.0.70:8080", "10.100.0.71:8080", "10.100.0.72:8080", "10.100.0.73:8080", "10.100.0.74:8080",
+			"10.100.0.75:8080", "10.100.0.76:8080", "10.100.0.77:8080", "10.100.0.78:8080", "10.100.0.79:8080").Build())
 	bSmall := newTestBackend(t, testConfig(model.IPv4))
 	resetTableFamily(t, model.IPv6) // keep IPv4
 	_ = bSmall

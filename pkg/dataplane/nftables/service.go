@@ -98,160 +98,223 @@ func validateServicePort(f *family, sp *model.ServicePort) error {
 
 // buildServicePort follows upstream's per-service logic (syncProxyRules in
 // pkg/proxy/nftables), so that the same Service yields the same chains and elements.
+//
+// The chains, their rules and the verdict map elements pointing at them depend on the
+// Service's spec only, never on how many endpoints it has: adding a rule or a
+// jump/goto element makes the kernel validate the whole table at commit, which costs
+// milliseconds at 10 000 Services, while endpoints come and go every second in a
+// large cluster. The endpoints are data (ranges of an endpoint map, see
+// endpointRules); a policy chain without endpoints finds no range and lets the packet
+// through untranslated, to the filter-stage checks (frontends), which drop (Local policy,
+// none on this node) or reject (none anywhere) it as upstream does. Those decisions
+// are data too: "drop" elements of the no-endpoint verdict maps, and elements of the
+// reject sets (not upstream's "goto reject-chain" map elements, whose addition would
+// validate the table).
 func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort, out *serviceObjects) {
-	f := c.f
-	names := chainNamesFor(sp.Name)
-	proto := protoNumber(sp.Name.Protocol)
-	port := uint16(sp.Port)
-	comment := truncateComment(sp.Name.String())
-	hasEndpoints := sp.HasAnyEndpoints
-	affinity := sp.AffinityTimeoutSeconds > 0
+	b := newPortBuild(c, sp, out)
+	b.hairpin()
+	b.frontends()
+	b.externalChain()
+	b.firewallChain(nodeIP)
+	b.affinityChains()
+	b.endpointChains()
+}
 
-	reachable := reachableEndpoints(sp)
-	for _, ep := range reachable {
-		if ep.IsLocal {
-			// A pod reaching itself through the Service must be masqueraded, or its
-			// reply would never be un-DNATed.
-			out.elems = append(out.elems, elemDef{set: hairpinConnectionsSet,
-				key: keyHairpin(f, ep.IP, proto, uint16(ep.Port))})
-		}
+// portBuild is what the phases of buildServicePort share about one Service port.
+type portBuild struct {
+	c       *layoutConfig
+	f       *family
+	sp      *model.ServicePort
+	out     *serviceObjects
+	names   serviceChainNames
+	proto   uint8
+	port    uint16
+	comment string
+
+	hasEndpoints bool
+	affinity     bool
+	reachable    []*model.Endpoint
+	usesFirewall bool
+	// The chain ClusterIP traffic goes to, and whether it has endpoints to go to.
+	internalChain string
+	hasInternal   bool
+	// The chain the external chain ends in, and whether it has endpoints to go to.
+	externalPolicyChain string
+	hasExternal         bool
+}
+
+func newPortBuild(c *layoutConfig, sp *model.ServicePort, out *serviceObjects) *portBuild {
+	b := &portBuild{
+		c: c, f: c.f, sp: sp, out: out,
+		names:        chainNamesFor(sp.Name),
+		proto:        protoNumber(sp.Name.Protocol),
+		port:         uint16(sp.Port),
+		comment:      truncateComment(sp.Name.String()),
+		hasEndpoints: sp.HasAnyEndpoints,
+		affinity:     sp.AffinityTimeoutSeconds > 0,
+		reachable:    reachableEndpoints(sp),
+		usesFirewall: len(sp.LoadBalancerVIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0,
 	}
-
-	// The chains, their rules and the verdict map elements pointing at them depend on the
-	// Service's spec only, never on how many endpoints it has: adding a rule or a
-	// jump/goto element makes the kernel validate the whole table at commit, which costs
-	// milliseconds at 10 000 Services, while endpoints come and go every second in a
-	// large cluster. The endpoints are data (ranges of an endpoint map, see
-	// endpointRules); a policy chain without endpoints finds no range and lets the packet
-	// through untranslated, to the filter-stage checks below, which drop (Local policy,
-	// none on this node) or reject (none anywhere) it as upstream does. Those decisions
-	// are data too: "drop" elements of the no-endpoint verdict maps, and elements of the
-	// reject sets (not upstream's "goto reject-chain" map elements, whose addition would
-	// validate the table).
-	usesCluster := sp.UsesClusterEndpoints()
-	usesLocal := sp.UsesLocalEndpoints()
-	clusterHas := usesCluster && len(sp.ClusterEndpoints) > 0
-	localHas := usesLocal && len(sp.LocalEndpoints) > 0
-
-	internalChain, hasInternal := names.cluster, hasEndpoints && clusterHas
+	clusterHas := sp.UsesClusterEndpoints() && len(sp.ClusterEndpoints) > 0
+	localHas := sp.UsesLocalEndpoints() && len(sp.LocalEndpoints) > 0
+	b.internalChain, b.hasInternal = b.names.cluster, b.hasEndpoints && clusterHas
 	if sp.InternalPolicyLocal {
-		internalChain, hasInternal = names.local, hasEndpoints && localHas
+		b.internalChain, b.hasInternal = b.names.local, b.hasEndpoints && localHas
 	}
-	externalPolicyChain, hasExternal := names.cluster, hasEndpoints && clusterHas
+	b.externalPolicyChain, b.hasExternal = b.names.cluster, b.hasEndpoints && clusterHas
 	if sp.ExternalPolicyLocal {
-		externalPolicyChain, hasExternal = names.local, hasEndpoints && localHas
+		b.externalPolicyChain, b.hasExternal = b.names.local, b.hasEndpoints && localHas
 	}
-	usesExternal := sp.ExternallyAccessible()
+	return b
+}
 
-	add := func(set, key, value string, withComment bool) {
-		e := elemDef{set: set, key: key, value: value}
-		if withComment {
-			e.comment = comment
-		}
-		out.elems = append(out.elems, e)
+// add adds an element to one of the fixed sets or maps.
+func (b *portBuild) add(set, key, value string, withComment bool) {
+	e := elemDef{set: set, key: key, value: value}
+	if withComment {
+		e.comment = b.comment
 	}
-	ipKey := func(a netip.Addr) string { return keyAddrProtoPort(f, a, proto, port) }
+	b.out.elems = append(b.out.elems, e)
+}
 
-	// noEndpoints adds what stops traffic that has no endpoint to go to.
-	noEndpoints := func(vmap, rejectSet, key string) {
-		if hasEndpoints {
-			add(vmap, key, "drop", true)
-		} else {
-			add(rejectSet, key, "", true)
+// ipKey is the address . protocol . port key of one of the port's addresses.
+func (b *portBuild) ipKey(a netip.Addr) string { return keyAddrProtoPort(b.f, a, b.proto, b.port) }
+
+// noEndpoints adds what stops traffic that has no endpoint to go to.
+func (b *portBuild) noEndpoints(vmap, rejectSet, key string) {
+	if b.hasEndpoints {
+		b.add(vmap, key, "drop", true)
+	} else {
+		b.add(rejectSet, key, "", true)
+	}
+}
+
+// hairpin: a pod reaching itself through the Service must be masqueraded, or its reply
+// would never be un-DNATed.
+func (b *portBuild) hairpin() {
+	for _, ep := range b.reachable {
+		if ep.IsLocal {
+			b.out.elems = append(b.out.elems, elemDef{set: hairpinConnectionsSet,
+				key: keyHairpin(b.f, ep.IP, b.proto, uint16(ep.Port))})
 		}
 	}
-	add(clusterIPsSet, keyAddr(f, sp.ClusterIP), "", false)
-	add(serviceIPsMap, ipKey(sp.ClusterIP), "goto "+internalChain, false)
-	if !hasInternal {
-		noEndpoints(noEndpointServicesMap, rejectServicesSet, ipKey(sp.ClusterIP))
+}
+
+// frontends: the elements that send the port's ClusterIP, external IPs, LB IPs and
+// NodePort to its chains, or drop or reject them without endpoints.
+func (b *portBuild) frontends() {
+	sp, names := b.sp, b.names
+	b.add(clusterIPsSet, keyAddr(b.f, sp.ClusterIP), "", false)
+	b.add(serviceIPsMap, b.ipKey(sp.ClusterIP), "goto "+b.internalChain, false)
+	if !b.hasInternal {
+		b.noEndpoints(noEndpointServicesMap, rejectServicesSet, b.ipKey(sp.ClusterIP))
 	}
 	for _, eip := range sp.ExternalIPs {
-		add(serviceIPsMap, ipKey(eip), "goto "+names.external, false)
-		if !hasExternal {
-			noEndpoints(noEndpointServicesMap, rejectServicesSet, ipKey(eip))
+		b.add(serviceIPsMap, b.ipKey(eip), "goto "+names.external, false)
+		if !b.hasExternal {
+			b.noEndpoints(noEndpointServicesMap, rejectServicesSet, b.ipKey(eip))
 		}
 	}
-	usesFirewall := len(sp.LoadBalancerVIPs) > 0 && len(sp.LoadBalancerSourceRanges) > 0
 	for _, lb := range sp.LoadBalancerVIPs {
-		add(serviceIPsMap, ipKey(lb), "goto "+names.external, false)
-		if usesFirewall {
-			add(firewallIPsMap, ipKey(lb), "goto "+names.firewall, false)
+		b.add(serviceIPsMap, b.ipKey(lb), "goto "+names.external, false)
+		if b.usesFirewall {
+			b.add(firewallIPsMap, b.ipKey(lb), "goto "+names.firewall, false)
 		}
-		if !hasExternal {
-			noEndpoints(noEndpointServicesMap, rejectServicesSet, ipKey(lb))
+		if !b.hasExternal {
+			b.noEndpoints(noEndpointServicesMap, rejectServicesSet, b.ipKey(lb))
 		}
 	}
 	if sp.NodePort != 0 {
-		npKey := keyProtoPort(proto, uint16(sp.NodePort))
+		npKey := keyProtoPort(b.proto, uint16(sp.NodePort))
 		// NodePorts are not subject to loadBalancerSourceRanges (upstream behaviour).
-		add(serviceNodePortsMap, npKey, "goto "+names.external, false)
-		if !hasExternal {
-			noEndpoints(noEndpointNodePortsMap, rejectNodePortsSet, npKey)
+		b.add(serviceNodePortsMap, npKey, "goto "+names.external, false)
+		if !b.hasExternal {
+			b.noEndpoints(noEndpointNodePortsMap, rejectNodePortsSet, npKey)
 		}
 	}
+}
 
-	// The external chain: masquerade under Cluster policy; under Local policy keep the
-	// client address, except for traffic from pods and from the node itself, which is
-	// sent to all endpoints as if it had gone out to a load balancer and come back.
-	if usesExternal {
-		var rules []rule
-		if !sp.ExternalPolicyLocal {
-			rules = append(rules, rule{terms: []term{markSetOr{c.mark}}, comment: "masquerade"})
-		} else {
-			// An externally accessible port always has the Cluster chain (see
-			// UsesClusterEndpoints); when it has no endpoints, neither has the Local one.
-			shortCircuit := names.cluster
-			if !c.localDetector.IsNoOp() {
-				rules = append(rules, rule{terms: []term{localMatch(f, c.localDetector, false), gotoChain(shortCircuit)},
-					comment: "short-circuit pod traffic"})
-			}
-			rules = append(rules, rule{terms: []term{fibLocal{saddr}, markSetOr{c.mark}}, comment: "masquerade local traffic"})
-			rules = append(rules, rule{terms: []term{fibLocal{saddr}, gotoChain(shortCircuit)},
-				comment: "short-circuit local traffic"})
-		}
-		rules = append(rules, rule{terms: []term{gotoChain(externalPolicyChain)}})
-		out.chains = append(out.chains, chainDef{name: names.external, rules: rules})
+// externalChain: masquerade under Cluster policy; under Local policy keep the client
+// address, except for traffic from pods and from the node itself, which is sent to all
+// endpoints as if it had gone out to a load balancer and come back.
+func (b *portBuild) externalChain() {
+	sp, c, f, names, out := b.sp, b.c, b.f, b.names, b.out
+	if !sp.ExternallyAccessible() {
+		return
 	}
+	var rules []rule
+	if !sp.ExternalPolicyLocal {
+		rules = append(rules, rule{terms: []term{markSetOr{c.mark}}, comment: "masquerade"})
+	} else {
+		// An externally accessible port always has the Cluster chain (see
+		// UsesClusterEndpoints); when it has no endpoints, neither has the Local one.
+		shortCircuit := names.cluster
+		if !c.localDetector.IsNoOp() {
+			rules = append(rules, rule{terms: []term{localMatch(f, c.localDetector, false), gotoChain(shortCircuit)},
+				comment: "short-circuit pod traffic"})
+		}
+		rules = append(rules, rule{terms: []term{fibLocal{saddr}, markSetOr{c.mark}}, comment: "masquerade local traffic"})
+		rules = append(rules, rule{terms: []term{fibLocal{saddr}, gotoChain(shortCircuit)},
+			comment: "short-circuit local traffic"})
+	}
+	rules = append(rules, rule{terms: []term{gotoChain(b.externalPolicyChain)}})
+	out.chains = append(out.chains, chainDef{name: names.external, rules: rules})
+}
 
-	if usesFirewall {
-		sources := slices.Clone(sp.LoadBalancerSourceRanges)
-		allowFromNode := false
-		for _, p := range sp.LoadBalancerSourceRanges {
-			if nodeIP.IsValid() && p.Contains(nodeIP) {
-				allowFromNode = true
-			}
-		}
-		// A VIP often is a local address too; a request from the node to it then comes
-		// back with the VIP as its source, and must be let through.
-		if allowFromNode {
-			for _, lb := range sp.LoadBalancerVIPs {
-				sources = append(sources, netip.PrefixFrom(lb, lb.BitLen()))
-			}
-		}
-		out.chains = append(out.chains, chainDef{name: names.firewall, rules: []rule{{
-			terms: []term{addrMatch{dir: saddr, neg: true, prefixes: sources, braces: true}, dropVerdict},
-		}}})
+// firewallChain drops what comes to an LB IP from outside its source ranges.
+func (b *portBuild) firewallChain(nodeIP netip.Addr) {
+	sp, names, out := b.sp, b.names, b.out
+	if !b.usesFirewall {
+		return
 	}
+	sources := slices.Clone(sp.LoadBalancerSourceRanges)
+	allowFromNode := false
+	for _, p := range sp.LoadBalancerSourceRanges {
+		if nodeIP.IsValid() && p.Contains(nodeIP) {
+			allowFromNode = true
+		}
+	}
+	// A VIP often is a local address too; a request from the node to it then comes
+	// back with the VIP as its source, and must be let through.
+	if allowFromNode {
+		for _, lb := range sp.LoadBalancerVIPs {
+			sources = append(sources, netip.PrefixFrom(lb, lb.BitLen()))
+		}
+	}
+	out.chains = append(out.chains, chainDef{name: names.firewall, rules: []rule{{
+		terms: []term{addrMatch{dir: saddr, neg: true, prefixes: sources, braces: true}, dropVerdict},
+	}}})
+}
 
-	if affinity {
-		timeout := time.Duration(sp.AffinityTimeoutSeconds) * time.Second
-		for _, ep := range reachable {
-			base := endpointNameBase(sp.Name, ep.AddrPort())
-			// "dynamic" must be set: some kernels add it to a set that the datapath
-			// updates, and a later "add" without it would then fail as a change of flags.
-			out.sets = append(out.sets, setDef{name: affinitySetPrefix + base,
-				flags: unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL, keyType: f.addrType,
-				keyLen: uint32(f.addrLn), timeout: timeout})
-			out.chains = append(out.chains, chainDef{name: endpointChainPrefix + base, rules: []rule{
-				{terms: []term{updateSaddr{affinitySetPrefix + base}}},
-				{terms: []term{l4proto{proto}, dnatTo{ep.AddrPort()}}},
-			}})
-		}
+// affinityChains: with session affinity, one chain per endpoint records the client in the
+// endpoint's affinity set.
+func (b *portBuild) affinityChains() {
+	sp, f, proto, out := b.sp, b.f, b.proto, b.out
+	if !b.affinity {
+		return
 	}
-	if usesCluster {
+	timeout := time.Duration(sp.AffinityTimeoutSeconds) * time.Second
+	for _, ep := range b.reachable {
+		base := endpointNameBase(sp.Name, ep.AddrPort())
+		// "dynamic" must be set: some kernels add it to a set that the datapath
+		// updates, and a later "add" without it would then fail as a change of flags.
+		out.sets = append(out.sets, setDef{name: affinitySetPrefix + base,
+			flags: unix.NFT_SET_TIMEOUT | unix.NFT_SET_EVAL, keyType: f.addrType,
+			keyLen: uint32(f.addrLn), timeout: timeout})
+		out.chains = append(out.chains, chainDef{name: endpointChainPrefix + base, rules: []rule{
+			{terms: []term{updateSaddr{affinitySetPrefix + base}}},
+			{terms: []term{l4proto{proto}, dnatTo{ep.AddrPort()}}},
+		}})
+	}
+}
+
+// endpointChains: the policy chains, which DNAT to a range of an endpoint map.
+func (b *portBuild) endpointChains() {
+	sp, f, names, proto, out, affinity := b.sp, b.f, b.names, b.proto, b.out, b.affinity
+	if sp.UsesClusterEndpoints() {
 		out.chains = append(out.chains, chainDef{name: names.cluster, rules: endpointRules(f, sp, proto, names.cluster, sp.ClusterEndpoints, affinity, out)})
 	}
-	if usesLocal {
+	if sp.UsesLocalEndpoints() {
 		out.chains = append(out.chains, chainDef{name: names.local, rules: endpointRules(f, sp, proto, names.local, sp.LocalEndpoints, affinity, out)})
 	}
 }

@@ -562,7 +562,7 @@ func protoTargetPort(c string, addr netip.AddrPort, eps []netip.AddrPort) *model
 	for _, ep := range eps {
 		list = append(list, ep.String())
 	}
-	return svc("target", c, "http", model.TCP, addr.Addr().String(), int32(addr.Port())).endpoints(list...).build()
+	return svc("target", c, "http", model.TCP, addr.Addr().String(), int32(addr.Port())).Endpoints(list...).Build()
 }
 
 // protoFirstPacket connects to dst from a client namespace, one connection after the

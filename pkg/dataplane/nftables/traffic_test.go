@@ -26,27 +26,27 @@ const (
 func trafficServices(f model.IPFamily) []*model.ServicePort {
 	if f == model.IPv6 {
 		return []*model.ServicePort{
-			svc("t", "cluster", "http", model.TCP, "fd00:172:30::10", 80).endpoints("[fd00:10:180::1]:80@local", "[fd00:10:180::2]:80@local").build(),
-			svc("t", "dns", "dns", model.UDP, "fd00:172:30::11", 53).endpoints("[fd00:10:180::1]:8080@local").build(),
-			svc("t", "nodeport", "http", model.TCP, "fd00:172:30::12", 80).nodePort(30080).endpoints("[fd00:10:180::2]:80@local").build(),
-			svc("t", "local", "http", model.TCP, "fd00:172:30::13", 80).nodePort(30081).etpLocal().endpoints("[fd00:10:180::1]:80@local").build(),
-			svc("t", "nolocal", "http", model.TCP, "fd00:172:30::14", 80).nodePort(30082).etpLocal().endpoints("[fd00:10:180::3]:80").build(),
-			svc("t", "none", "http", model.TCP, "fd00:172:30::15", 80).build(),
+			svc("t", "cluster", "http", model.TCP, "fd00:172:30::10", 80).Endpoints("[fd00:10:180::1]:80@local", "[fd00:10:180::2]:80@local").Build(),
+			svc("t", "dns", "dns", model.UDP, "fd00:172:30::11", 53).Endpoints("[fd00:10:180::1]:8080@local").Build(),
+			svc("t", "nodeport", "http", model.TCP, "fd00:172:30::12", 80).NodePort(30080).Endpoints("[fd00:10:180::2]:80@local").Build(),
+			svc("t", "local", "http", model.TCP, "fd00:172:30::13", 80).NodePort(30081).ExternalLocal().Endpoints("[fd00:10:180::1]:80@local").Build(),
+			svc("t", "nolocal", "http", model.TCP, "fd00:172:30::14", 80).NodePort(30082).ExternalLocal().Endpoints("[fd00:10:180::3]:80").Build(),
+			svc("t", "none", "http", model.TCP, "fd00:172:30::15", 80).Build(),
 		}
 	}
 	return []*model.ServicePort{
-		svc("t", "cluster", "http", model.TCP, "172.30.0.10", 80).endpoints("10.180.0.1:80@local", "10.180.0.2:80@local").build(),
-		svc("t", "dns", "dns", model.UDP, "172.30.0.11", 53).endpoints("10.180.0.1:8080@local").build(),
-		svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints("10.180.0.2:80@local").build(),
-		svc("t", "local", "http", model.TCP, "172.30.0.13", 80).nodePort(30081).etpLocal().endpoints("10.180.0.1:80@local").build(),
-		svc("t", "nolocal", "http", model.TCP, "172.30.0.14", 80).nodePort(30082).etpLocal().endpoints("10.180.0.3:80").build(),
-		svc("t", "none", "http", model.TCP, "172.30.0.15", 80).build(),
-		svc("t", "lb", "http", model.TCP, "172.30.0.16", 80).lb("5.6.7.8").endpoints("10.180.0.2:80@local").build(),
-		svc("t", "fw", "http", model.TCP, "172.30.0.19", 80).lb("5.6.7.9").sourceRanges("192.168.0.10/32").endpoints("10.180.0.2:80@local").build(),
-		svc("t", "eip", "http", model.TCP, "172.30.0.20", 80).externalIPs("192.168.99.22").endpoints("10.180.0.3:80").build(),
-		svc("t", "sticky", "http", model.TCP, "172.30.0.17", 80).affinity(100).endpoints("10.180.0.1:80@local", "10.180.0.2:80@local", "10.180.0.3:80").build(),
-		svc("t", "hairpin", "http", model.TCP, "172.30.0.18", 80).endpoints("10.180.0.1:80@local").build(),
-		svc("t", "itplocal", "http", model.TCP, "172.30.0.21", 80).itpLocal().endpoints("10.180.0.3:80").build(),
+		svc("t", "cluster", "http", model.TCP, "172.30.0.10", 80).Endpoints("10.180.0.1:80@local", "10.180.0.2:80@local").Build(),
+		svc("t", "dns", "dns", model.UDP, "172.30.0.11", 53).Endpoints("10.180.0.1:8080@local").Build(),
+		svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).NodePort(30080).Endpoints("10.180.0.2:80@local").Build(),
+		svc("t", "local", "http", model.TCP, "172.30.0.13", 80).NodePort(30081).ExternalLocal().Endpoints("10.180.0.1:80@local").Build(),
+		svc("t", "nolocal", "http", model.TCP, "172.30.0.14", 80).NodePort(30082).ExternalLocal().Endpoints("10.180.0.3:80").Build(),
+		svc("t", "none", "http", model.TCP, "172.30.0.15", 80).Build(),
+		svc("t", "lb", "http", model.TCP, "172.30.0.16", 80).LoadBalancer("5.6.7.8").Endpoints("10.180.0.2:80@local").Build(),
+		svc("t", "fw", "http", model.TCP, "172.30.0.19", 80).LoadBalancer("5.6.7.9").SourceRanges("192.168.0.10/32").Endpoints("10.180.0.2:80@local").Build(),
+		svc("t", "eip", "http", model.TCP, "172.30.0.20", 80).ExternalIPs("192.168.99.22").Endpoints("10.180.0.3:80").Build(),
+		svc("t", "sticky", "http", model.TCP, "172.30.0.17", 80).Affinity(100).Endpoints("10.180.0.1:80@local", "10.180.0.2:80@local", "10.180.0.3:80").Build(),
+		svc("t", "hairpin", "http", model.TCP, "172.30.0.18", 80).Endpoints("10.180.0.1:80@local").Build(),
+		svc("t", "itplocal", "http", model.TCP, "172.30.0.21", 80).InternalLocal().Endpoints("10.180.0.3:80").Build(),
 	}
 }
 
@@ -304,7 +304,7 @@ func TestPartialSyncKeepsOthersWorking(t *testing.T) {
 		if i%2 == 1 {
 			eps = []string{"10.180.0.3:80", "10.180.0.1:80@local"}
 		}
-		sp := svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints(eps...).build()
+		sp := svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).NodePort(30080).Endpoints(eps...).Build()
 		ns.SetService(sp.Name.NamespacedName, []*model.ServicePort{sp}, nil)
 		mustApply(t, b, ns, changed(name))
 		if st := b.LastStats(); st.Full || st.Dumps != 0 {
@@ -417,7 +417,7 @@ func TestNodePortsOnEveryAddress(t *testing.T) {
 	cfg.NodePortAddresses = dataplane.NodePortAddresses{MatchAll: true}
 	b := newTestBackend(t, cfg)
 	mustApply(t, b, nodeState(model.IPv4,
-		svc("t", "np", "http", model.TCP, "172.30.0.12", 80).nodePort(30080).endpoints("10.180.0.1:80@local").build()),
+		svc("t", "np", "http", model.TCP, "172.30.0.12", 80).NodePort(30080).Endpoints("10.180.0.1:80@local").Build()),
 		model.Changes{Full: true})
 	for _, addr := range []string{"192.168.0.2", "192.168.0.3"} {
 		if r, err := tp.tcp(tp.client, netip.Addr{}, ap(addr, 30080), quick); err != nil || r.pod != "pod-a" {

@@ -12,10 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
-// Test conventions: ClusterIPs are 10.96.0.x, the node is "node-a". A Service "version" is
+// Test conventions: the shared fixture's (pkg/dataplane/internal/fixture): ClusterIPs are
+// 172.30.0.x, the node fixture.Node(). A Service "version" is
 // its port number, so tests can see which version of a Service is programmed.
 
 var (
@@ -25,17 +27,12 @@ var (
 )
 
 func port(name types.NamespacedName, ip byte, p int32) *model.ServicePort {
-	return &model.ServicePort{
-		Name:      model.ServicePortName{NamespacedName: name, Protocol: model.TCP},
-		Type:      model.TypeClusterIP,
-		ClusterIP: netip.AddrFrom4([4]byte{10, 96, 0, ip}),
-		Port:      p,
-	}
+	return fixture.ServicePort(name.String(), "", model.TCP, netip.AddrFrom4([4]byte{172, 30, 0, ip}).String(), p).Build()
 }
 
 // state builds a state with one port per Service, at the given port numbers.
 func state(ports map[types.NamespacedName]int32) *model.NodeState {
-	st := model.NewNodeState(model.IPv4, model.NodeInfo{Name: "node-a"})
+	st := fixture.NodeState(model.IPv4, fixture.Node())
 	for name, p := range ports {
 		// The ClusterIP comes from the name, so that a Service is the same in every state.
 		st.SetService(name, []*model.ServicePort{port(name, name.Name[0], p)}, nil)
