@@ -38,8 +38,8 @@ func TestCachedSliceGivesBackWhatSluiceReads(t *testing.T) {
 		in: &discoveryv1.EndpointSlice{
 			ObjectMeta: metav1.ObjectMeta{
 				Namespace: "ns", Name: "a-1", GenerateName: "a-", UID: "uid", ResourceVersion: "42", Generation: 3,
-				Labels: map[string]string{discoveryv1.LabelServiceName: "a", LabelHeadless: "", discoveryv1.LabelManagedBy: "x", "app": "a"},
-				Annotations: map[string]string{AnnotationTriggerTime: "2026-01-02T03:04:05Z", "other": "y"},
+				Labels:          map[string]string{discoveryv1.LabelServiceName: "a", LabelHeadless: "", discoveryv1.LabelManagedBy: "x", "app": "a"},
+				Annotations:     map[string]string{AnnotationTriggerTime: "2026-01-02T03:04:05Z", "other": "y"},
 				OwnerReferences: []metav1.OwnerReference{{Kind: "Service", Name: "a"}},
 				ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "m"}},
 			},
