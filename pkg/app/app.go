@@ -120,9 +120,13 @@ func Run(ctx context.Context, o *config.Options) error {
 
 	var loop *syncloop.Loop
 	tracker := model.NewTracker(model.TrackerConfig{
-		Source:    w,
-		Node:      node,
-		Options:   model.Options{IgnoreExternalIPs: !o.FeatureGates.Enabled(config.AllowServiceExternalIPs), Families: families},
+		Source: w,
+		Node:   node,
+		Options: model.Options{
+			IgnoreExternalIPs: !o.FeatureGates.Enabled(config.AllowServiceExternalIPs),
+			Families:          families,
+			TrafficCounters:   o.TrafficCounters,
+		},
 		StartTime: time.Now(),
 		Notify:    func() { loop.Request() },
 	})
