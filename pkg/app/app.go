@@ -163,6 +163,20 @@ func Run(ctx context.Context, o *config.Options) error {
 		return err
 	}
 
+	// Traffic counters are read on scrape, through each backend's own kernel handle, never
+	// through the sync loop (issue 13). With --traffic-counters=off nothing is counted.
+	if o.TrafficCounters != model.TrafficCountersOff {
+		var readers []dataplane.TrafficCounterReader
+		for _, b := range backends {
+			if r, ok := b.(dataplane.TrafficCounterReader); ok {
+				readers = append(readers, r)
+			}
+		}
+		if len(readers) > 0 {
+			metrics.MustRegisterCollector(dataplane.NewTrafficCounterCollector(logger, readers...))
+		}
+	}
+
 	// A backend that can notice its rules vanishing (iptables: the canary chain flushed by a
 	// firewall reload) watches for it every syncPeriod and asks for a sync, which repairs them.
 	for _, b := range backends {
