@@ -40,7 +40,7 @@ type TrafficCount struct {
 	NewConnections uint64
 	// Packets and Bytes are every packet of those connections the counter saw (see the
 	// backend's README for which ones), when the backend counts them; ok false otherwise.
-	Packets, Bytes uint64
+	Packets, Bytes  uint64
 	HasPacketsBytes bool
 }
 
