@@ -227,11 +227,13 @@ func TestPacketFlowOptions(t *testing.T) {
 // names for every feature.
 func TestFullRulesetGolden(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		family model.IPFamily
-		cfg    func(*dataplane.Config)
+		name    string
+		family  model.IPFamily
+		cfg     func(*dataplane.Config)
+		counted bool // every Service's traffic counted (--traffic-counters=all)
 	}{
 		{name: "ipv4", family: model.IPv4},
+		{name: "ipv4-counted", family: model.IPv4, counted: true},
 		{name: "ipv4-nodeport-addresses", family: model.IPv4, cfg: func(c *dataplane.Config) {
 			c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("127.0.0.0/8")}}
 			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalInterfaceNamePrefix, Interface: "veth"}
@@ -244,7 +246,11 @@ func TestFullRulesetGolden(t *testing.T) {
 				tc.cfg(&cfg)
 			}
 			b, k, _ := newTestBackend(t, cfg, FlavourLegacy)
-			mustApply(t, b, featureWorld().state(tc.family), full())
+			st := featureWorld().state(tc.family)
+			if tc.counted {
+				st = countEveryPort(st)
+			}
+			mustApply(t, b, st, full())
 			if len(k.restores) != 1 {
 				t.Fatalf("full sync ran %d restores, want 1", len(k.restores))
 			}
@@ -263,6 +269,21 @@ func TestFullRulesetGolden(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countEveryPort returns st with every Service port Counted.
+func countEveryPort(st *model.NodeState) *model.NodeState {
+	out := st.Clone()
+	for name := range st.ServiceNames() {
+		var ports []*model.ServicePort
+		for _, sp := range st.PortsOf(name) {
+			cp := *sp
+			cp.Counted = true
+			ports = append(ports, &cp)
+		}
+		out.SetService(name, ports, nil)
+	}
+	return out
 }
 
 // lineDiff shows the first differing lines.
