@@ -47,7 +47,7 @@ type Backend struct {
 	// counters maps the counted Services' path chains to their series (for
 	// ReadTrafficCounters, from any goroutine).
 	counters dataplane.CounterIndex
-	sysctl hostnet.Sysctls
+	sysctl   hostnet.Sysctls
 
 	tcpLiberal bool
 	nfacct     bool
