@@ -23,7 +23,9 @@ func (r *scriptedReader) ReadTrafficCounters() ([]TrafficCount, error) {
 	return r.reads[i], r.errs[i]
 }
 
-func count(s CounterSeries, n uint64) TrafficCount { return TrafficCount{CounterSeries: s, NewConnections: n} }
+func count(s CounterSeries, n uint64) TrafficCount {
+	return TrafficCount{CounterSeries: s, NewConnections: n}
+}
 
 // TestCollectorIsMonotonic: a kernel counter that restarts (a rewritten chain) adds to
 // the exported total; a failed read keeps the last totals; families are summed; a
@@ -55,7 +57,9 @@ func TestCounterIndexFollowsChanges(t *testing.T) {
 	sp := &model.ServicePort{Name: model.ServicePortName{NamespacedName: name, Port: "http", Protocol: model.TCP}, Counted: true}
 	ns := model.NewNodeState(model.IPv4, model.NodeInfo{})
 	ns.SetService(name, []*model.ServicePort{sp}, nil)
-	chainsOf := func(sp *model.ServicePort) []ChainPath { return []ChainPath{{Chain: "c-" + sp.Name.Name, Path: PathCluster}} }
+	chainsOf := func(sp *model.ServicePort) []ChainPath {
+		return []ChainPath{{Chain: "c-" + sp.Name.Name, Path: PathCluster}}
+	}
 	var x CounterIndex
 	x.Update(ns, model.Changes{}, true, chainsOf)
 	if got := x.Resolve(map[string]TrafficCount{"c-web": {NewConnections: 3}, "c-other": {NewConnections: 1}}); len(got) != 1 || got[0].Port != sp.Name {

@@ -5,7 +5,6 @@ package iptables
 import (
 	"context"
 	"net/netip"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -13,11 +12,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/model"
-	"github.com/sluiceproxy/sluice/test/netnstest"
 )
-
-var countAll = model.Options{TrafficCounters: model.TrafficCountersAll}
 
 // connectN opens n TCP connections from ns to addr; each must be answered.
 func connectN(t *testing.T, n int, ns, addr string) {
@@ -39,15 +36,7 @@ func wantNewConnections(t *testing.T, b *Backend, want map[dataplane.CounterSeri
 	if err != nil {
 		t.Fatalf("ReadTrafficCounters: %v", err)
 	}
-	got := map[dataplane.CounterSeries]uint64{}
-	for _, c := range counts {
-		got[c.CounterSeries] = c.NewConnections
-	}
-	ok := len(got) == len(want)
-	for k, v := range want {
-		ok = ok && got[k] == v
-	}
-	if !ok {
+	if got := countertest.NewConnections(counts); !countertest.Equal(got, want) {
 		t.Fatalf("new connections: %v, want %v", got, want)
 	}
 }
@@ -65,23 +54,9 @@ func TestKernelTrafficCounters(t *testing.T) {
 			a, bb := ep{ip: kPodA, node: "node1"}, ep{ip: kPodB, node: "node2"}
 			w.add(svc("ns", "web", "172.30.0.10", nodePort(30001)), slice("ns", "web", 80, tcp, a, bb))
 			w.add(svc("ns", "plain", "172.30.0.11"), slice("ns", "plain", 80, tcp, a))
-			state := func(counted bool) *model.NodeState {
-				st := model.Compute(w.services, w.slices, kNode, nil, countAll)[model.IPv4]
-				if !counted {
-					return st
-				}
-				// Only web is counted: plain shows a Service without counters beside it.
-				name := types.NamespacedName{Namespace: "ns", Name: "plain"}
-				var ports []*model.ServicePort
-				for _, sp := range st.PortsOf(name) {
-					cp := *sp
-					cp.Counted = false
-					ports = append(ports, &cp)
-				}
-				st.SetService(name, ports, nil)
-				return st
-			}
-			kApply(t, b, state(true), full())
+			// Only web is counted: plain shows a Service without counters beside it.
+			state := func() *model.NodeState { return countertest.Counted(w.kstate(), "ns/web") }
+			kApply(t, b, state(), full())
 
 			const n, m = 6, 4
 			connectN(t, n, top.client, "172.30.0.10:80")
@@ -93,7 +68,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 
 			// Endpoint change: KUBE-SVC is rewritten in a partial sync, with its counts.
 			w.set(svc("ns", "web", "172.30.0.10", nodePort(30001)), slice("ns", "web", 80, tcp, a))
-			if res := kApply(t, b, state(true), changed("ns/web")); res.Full {
+			if res := kApply(t, b, state(), changed("ns/web")); res.Full {
 				t.Fatal("the endpoint change was a full sync")
 			}
 			wantNewConnections(t, b, want)
@@ -102,7 +77,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 			wantNewConnections(t, b, want)
 
 			// A full sync flushes and refills every chain, with the counts.
-			kApply(t, b, state(true), full())
+			kApply(t, b, state(), full())
 			wantNewConnections(t, b, want)
 
 			c := dataplane.NewTrafficCounterCollector(klog.Background(), b)
@@ -119,19 +94,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 func TestKernelTrafficCountersIPv6(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
-			wipeIPTables(t)
-			t.Cleanup(func() { wipeIPTables(t) })
-			pod := netnstest.NewNamed(t, "pod6")
-			run(t, "ip", "link", "add", "v6", "type", "veth", "peer", "name", "eth0", "netns", pod)
-			t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "v6").Run() })
-			run(t, "ip", "addr", "add", "fd00:10::1/64", "dev", "v6", "nodad")
-			run(t, "ip", "link", "set", "v6", "up")
-			run(t, "ip", "-n", pod, "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad")
-			run(t, "ip", "-n", pod, "link", "set", "eth0", "up")
-			run(t, "ip", "-n", pod, "route", "add", "default", "via", "fd00:10::1")
-			run(t, "ip", "-6", "route", "replace", "fd00:172:30::/64", "dev", "v6")
-			run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
-			serve(t, pod, "pod6", 80)
+			pod := ipv6Pod(t)
 
 			w := &world{}
 			w.add(svc("ns", "v6", "fd00:172:30::10"), slice("ns", "v6", 80, tcp, ep{ip: "fd00:10::2", node: "node1"}))

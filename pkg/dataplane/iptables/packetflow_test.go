@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -248,7 +249,7 @@ func TestFullRulesetGolden(t *testing.T) {
 			b, k, _ := newTestBackend(t, cfg, FlavourLegacy)
 			st := featureWorld().state(tc.family)
 			if tc.counted {
-				st = countEveryPort(st)
+				st = countertest.Counted(st)
 			}
 			mustApply(t, b, st, full())
 			if len(k.restores) != 1 {
@@ -269,21 +270,6 @@ func TestFullRulesetGolden(t *testing.T) {
 			}
 		})
 	}
-}
-
-// countEveryPort returns st with every Service port Counted.
-func countEveryPort(st *model.NodeState) *model.NodeState {
-	out := st.Clone()
-	for name := range st.ServiceNames() {
-		var ports []*model.ServicePort
-		for _, sp := range st.PortsOf(name) {
-			cp := *sp
-			cp.Counted = true
-			ports = append(ports, &cp)
-		}
-		out.SetService(name, ports, nil)
-	}
-	return out
 }
 
 // lineDiff shows the first differing lines.

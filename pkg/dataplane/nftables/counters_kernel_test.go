@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -101,11 +102,7 @@ func TestTrafficCounters(t *testing.T) {
 
 			// The collector exports the same, summed over what it reads.
 			c := dataplane.NewTrafficCounterCollector(klog.Background(), b)
-			got := map[dataplane.CounterSeries]uint64{}
-			for _, tc := range c.Read() {
-				got[tc.CounterSeries] = tc.NewConnections
-			}
-			if !equalCounts(got, want) {
+			if got := countertest.NewConnections(c.Read()); !countertest.Equal(got, want) {
 				t.Errorf("collector: %v, want %v", got, want)
 			}
 		})
@@ -123,23 +120,7 @@ func wantCounts(t *testing.T, b *Backend, want map[dataplane.CounterSeries]uint6
 	if err != nil {
 		t.Fatalf("ReadTrafficCounters: %v", err)
 	}
-	got := map[dataplane.CounterSeries]uint64{}
-	for _, c := range counts {
-		got[c.CounterSeries] = c.NewConnections
-	}
-	if !equalCounts(got, want) {
+	if got := countertest.NewConnections(counts); !countertest.Equal(got, want) {
 		t.Fatalf("new connections: %v, want %v", got, want)
 	}
-}
-
-func equalCounts(got, want map[dataplane.CounterSeries]uint64) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for k, v := range want {
-		if got[k] != v {
-			return false
-		}
-	}
-	return true
 }

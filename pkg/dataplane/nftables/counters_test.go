@@ -8,35 +8,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // withCounters returns ns with the given Services' ports Counted (every Service when
 // none is named).
 func withCounters(ns *model.NodeState, only ...string) *model.NodeState {
-	out := ns.Clone()
-	for name := range ns.ServiceNames() {
-		if len(only) > 0 && !containsString(only, name.String()) {
-			continue
-		}
-		var ports []*model.ServicePort
-		for _, sp := range ns.PortsOf(name) {
-			cp := *sp
-			cp.Counted = true
-			ports = append(ports, &cp)
-		}
-		out.SetService(name, ports, nil)
-	}
-	return out
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+	return countertest.Counted(ns, only...)
 }
 
 // TestFullPlanGoldenCounted: with every Service counted, each path chain starts with a
