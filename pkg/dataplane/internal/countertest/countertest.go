@@ -3,6 +3,7 @@ package countertest
 
 import (
 	"slices"
+	"testing"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -45,4 +46,16 @@ func Equal(got, want map[dataplane.CounterSeries]uint64) bool {
 		}
 	}
 	return true
+}
+
+// Want fails the test unless r reads exactly want (new connections per series).
+func Want(t testing.TB, r dataplane.TrafficCounterReader, want map[dataplane.CounterSeries]uint64) {
+	t.Helper()
+	counts, err := r.ReadTrafficCounters()
+	if err != nil {
+		t.Fatalf("ReadTrafficCounters: %v", err)
+	}
+	if got := NewConnections(counts); !Equal(got, want) {
+		t.Fatalf("new connections: %v, want %v", got, want)
+	}
 }
