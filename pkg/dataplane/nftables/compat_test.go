@@ -28,7 +28,7 @@ func TestTablesWrittenByNftConverge(t *testing.T) {
 			resetTable(t)
 			nft(t, "-f", filepath.Join("testdata", "full-"+v.name+".nft"))
 			b := newTestBackend(t, v.config(), fixedAddrs(testLocalAddrs...))
-			mustApply(t, b, examples(v.family), model.Changes{Full: true})
+			mustApply(t, b, v.state(), model.Changes{Full: true})
 			if st := b.LastStats(); st.Operations != 0 {
 				t.Errorf("converging the table nft wrote planned %d operations:\n%s", st.Operations, b.lastPlan)
 			}

@@ -18,18 +18,6 @@ func withCounters(ns *model.NodeState, only ...string) *model.NodeState {
 	return countertest.Counted(ns, only...)
 }
 
-// TestFullPlanGoldenCounted: with every Service counted, each path chain starts with a
-// counter rule; the golden files without counters (TestFullPlanGolden) do not change.
-func TestFullPlanGoldenCounted(t *testing.T) {
-	for _, f := range model.Families {
-		t.Run(f.String(), func(t *testing.T) {
-			k := newFakeKernel(testConfig(f))
-			p := k.apply(withCounters(examples(f)), model.Changes{Full: true})
-			golden(t, "full-"+strings.ToLower(f.String())+"-counted.nft", p.String())
-		})
-	}
-}
-
 // TestCountersOnlyChangeTheCountedServicesChains: turning counters on for one Service
 // rewrites its path chains, adds the counter first, and touches nothing else; a
 // converged counted table plans nothing (the counter's values are not configuration).
