@@ -174,7 +174,17 @@ func runExplain(ctx context.Context, stdout io.Writer, f *explainFlags, args []s
 			return err
 		}
 	}
-	return nil
+	if len(f.files) > 0 {
+		return nil // offline: no kernel to read counters from
+	}
+	// Live: the counters the daemon exports for this Service (issue 13).
+	counted := serviceCounted(src.states, namespace, name)
+	var rows []trafficCounterRow
+	var readErr error
+	if counted {
+		rows, readErr = fetchTrafficCounters(ctx, &f.server, namespace, name)
+	}
+	return writeTrafficCounters(stdout, counted, rows, readErr)
 }
 
 // parsePacket reads "SRC" and "DST:PORT[/PROTO]".

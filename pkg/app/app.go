@@ -122,6 +122,7 @@ func Run(ctx context.Context, o *config.Options) error {
 	if err != nil {
 		return err
 	}
+	registerTrafficCounters(logger, o.TrafficCounters, backends)
 	startMonitors(ctx, backends, e.SyncPeriod, loop.Request)
 
 	servers.tracker, servers.loop, servers.families, servers.conntrack = tracker, loop, families, conntrackHealth
@@ -166,9 +167,13 @@ func newSyncLoop(ctx context.Context, o *config.Options, w *watch.Watcher, nodes
 	e := o.Effective
 	var loop *syncloop.Loop
 	tracker := model.NewTracker(model.TrackerConfig{
-		Source:    w,
-		Node:      node,
-		Options:   model.Options{IgnoreExternalIPs: !o.FeatureGates.Enabled(config.AllowServiceExternalIPs), Families: families},
+		Source: w,
+		Node:   node,
+		Options: model.Options{
+			IgnoreExternalIPs: !o.FeatureGates.Enabled(config.AllowServiceExternalIPs),
+			Families:          families,
+			TrafficCounters:   o.TrafficCounters,
+		},
 		StartTime: time.Now(),
 		Notify:    func() { loop.Request() },
 	})
@@ -205,6 +210,24 @@ func newSyncLoop(ctx context.Context, o *config.Options, w *watch.Watcher, nodes
 		return nil, nil, err
 	}
 	return tracker, loop, nil
+}
+
+// registerTrafficCounters exports the per-Service traffic counters of the backends that
+// keep them. They are read on scrape, through each backend's own kernel handle, never
+// through the sync loop (issue 13). With --traffic-counters=off nothing is counted.
+func registerTrafficCounters(logger klog.Logger, mode model.TrafficCounters, backends []dataplane.Backend) {
+	if mode == model.TrafficCountersOff {
+		return
+	}
+	var readers []dataplane.TrafficCounterReader
+	for _, b := range backends {
+		if r, ok := b.(dataplane.TrafficCounterReader); ok {
+			readers = append(readers, r)
+		}
+	}
+	if len(readers) > 0 {
+		metrics.MustRegisterCollector(dataplane.NewTrafficCounterCollector(logger, readers...))
+	}
 }
 
 // startMonitors starts the backends' watches for their rules vanishing.

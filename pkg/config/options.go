@@ -17,6 +17,7 @@ import (
 	netutils "k8s.io/utils/net"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // Options is everything the sluice command line decides. Register the flags with AddFlags,
@@ -40,6 +41,11 @@ type Options struct {
 	// nothing and only records (and serves on /debug/sluice/state) the desired state of the
 	// configured mode. For tests and dry runs; it applies with --config too.
 	Backend string
+	// TrafficCounters is --traffic-counters: which Services' traffic the dataplane
+	// counts (sluice_service_*_total). Outside KubeProxyConfiguration, so it applies
+	// with --config too. Set by Complete from the flag's text.
+	TrafficCounters model.TrafficCounters
+	trafficCounters string
 
 	// Config is the KubeProxyConfiguration in effect, set by Complete: the file or the
 	// flags, with every default applied and hostnameOverride resolved from the flag. It is
@@ -104,6 +110,7 @@ func NewOptions() *Options {
 // the logging flags.
 var flagsHonouredWithConfig = []string{
 	"config", "write-config-to", "cleanup", "init-only", "master", "hostname-override", "backend",
+	"traffic-counters",
 }
 
 // AddFlags registers every flag upstream kube-proxy has on Linux, with upstream's names and
@@ -130,6 +137,8 @@ func (o *Options) addActionFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Backend, "backend", o.Backend,
 		"Replace the mode's backend: \"recording\" programs nothing and serves the desired state on /debug/sluice/state (tests, dry runs).")
 	_ = fs.MarkHidden("backend")
+	fs.StringVar(&o.trafficCounters, "traffic-counters", string(model.TrafficCountersAnnotated),
+		"Which Services' new connections, packets and bytes the dataplane counts (sluice_service_*_total): 'annotated' (those annotated "+model.AnnotationTrafficCounters+": \"true\"), 'all' (all but those annotated \"false\") or 'off'. Applies with --config too.")
 	fs.BoolVar(&o.Cleanup, "cleanup", o.Cleanup,
 		"Remove the rules every proxy mode may have installed (iptables, ipvs, nftables), then exit.")
 	fs.BoolVar(&o.InitOnly, "init-only", o.InitOnly,
@@ -332,6 +341,11 @@ func (o *Options) Complete(fs *pflag.FlagSet) error {
 	if o.Backend != "" && o.Backend != "recording" {
 		return fmt.Errorf("--backend: %q is not a backend override; the only one is \"recording\"", o.Backend)
 	}
+	tc, err := model.ParseTrafficCounters(o.trafficCounters)
+	if err != nil {
+		return fmt.Errorf("--traffic-counters: %w", err)
+	}
+	o.TrafficCounters = tc
 
 	errs, gate, ignoredGates := validate(cfg)
 	if len(errs) > 0 {

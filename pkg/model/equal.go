@@ -26,6 +26,7 @@ func (sp *ServicePort) Equal(o *ServicePort) bool {
 		sp.InternalPolicyLocal == o.InternalPolicyLocal &&
 		sp.HealthCheckNodePort == o.HealthCheckNodePort &&
 		sp.Scheduler == o.Scheduler &&
+		sp.Counted == o.Counted &&
 		sp.HasAnyEndpoints == o.HasAnyEndpoints &&
 		sp.Topology == o.Topology &&
 		endpointsEqual(sp.AllEndpoints, o.AllEndpoints) &&

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,7 +20,35 @@ const (
 	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 	// AnnotationIPVSScheduler asks the IPVS backend for a scheduler for one Service.
 	AnnotationIPVSScheduler = "ipvs.sluice.dev/scheduler"
+	// AnnotationTrafficCounters asks the backends to count one Service's traffic
+	// ("true" or "false", as strconv.ParseBool spells them). Options.TrafficCounters
+	// decides what a Service without it gets.
+	AnnotationTrafficCounters = "sluice.dev/traffic-counters"
 )
+
+// TrafficCounters is the node-wide choice of which Services' traffic is counted.
+type TrafficCounters string
+
+// The values of TrafficCounters. The zero value is TrafficCountersAnnotated.
+const (
+	// TrafficCountersAnnotated counts the Services annotated sluice.dev/traffic-counters: "true".
+	TrafficCountersAnnotated TrafficCounters = "annotated"
+	// TrafficCountersAll counts every Service but those annotated "false".
+	TrafficCountersAll TrafficCounters = "all"
+	// TrafficCountersOff counts nothing, whatever the annotations say.
+	TrafficCountersOff TrafficCounters = "off"
+)
+
+// ParseTrafficCounters reads the value of the --traffic-counters flag ("" is annotated).
+func ParseTrafficCounters(s string) (TrafficCounters, error) {
+	switch v := TrafficCounters(s); v {
+	case "", TrafficCountersAnnotated:
+		return TrafficCountersAnnotated, nil
+	case TrafficCountersAll, TrafficCountersOff:
+		return v, nil
+	}
+	return "", fmt.Errorf("traffic counters %q: want one of all, annotated, off", s)
+}
 
 // ipvsSchedulers are the schedulers of the Linux IPVS code (ip_vs_*.c), as ipvsadm spells
 // them.
@@ -44,6 +73,9 @@ type Options struct {
 	// Families are the IP families Compute and the Tracker build a NodeState for, in
 	// order; nil means Families (both).
 	Families []IPFamily
+	// TrafficCounters decides which Service ports are Counted; the zero value counts
+	// only Services annotated sluice.dev/traffic-counters: "true".
+	TrafficCounters TrafficCounters
 }
 
 // families returns the families to compute, defaulted.
@@ -225,7 +257,33 @@ func serviceBase(svc *v1.Service, family IPFamily, opts Options, problems *probl
 				"unknown IPVS scheduler %s (want one of %s); the default scheduler is used", quote(v), strings.Join(ipvsSchedulers, ", "))
 		}
 	}
+	sp.Counted = trafficCounted(svc, opts.TrafficCounters, problems)
 	return sp
+}
+
+// trafficCounted says whether a Service's traffic is counted: the annotation decides
+// when it parses, the node-wide choice otherwise. A malformed annotation is a problem
+// and counts as absent; with the node-wide choice off nothing is counted, so that an
+// operator can turn every counter off at once.
+func trafficCounted(svc *v1.Service, mode TrafficCounters, problems *problemList) bool {
+	v, ok := svc.Annotations[AnnotationTrafficCounters]
+	var on bool
+	if ok {
+		var err error
+		if on, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
+			problems.add("Service", "metadata.annotations["+AnnotationTrafficCounters+"]",
+				"%s is not true or false; the node's default (%s) is used", quote(v), cmp.Or(string(mode), string(TrafficCountersAnnotated)))
+			ok = false
+		}
+	}
+	switch mode {
+	case TrafficCountersOff:
+		return false
+	case TrafficCountersAll:
+		return !ok || on
+	default:
+		return ok && on
+	}
 }
 
 // externalIPsOf returns spec.externalIPs of family, sorted and without duplicates. Empty

@@ -588,6 +588,60 @@ func TestComputeServiceFields(t *testing.T) {
 	}
 }
 
+// TestTrafficCountersSwitch: the annotation decides when it parses, the node-wide
+// choice otherwise; off overrides everything; a malformed value is a problem and counts
+// as absent.
+func TestTrafficCountersSwitch(t *testing.T) {
+	annotated := func(v string) *v1.Service {
+		return makeService("a", func(s *v1.Service) { s.Annotations = map[string]string{AnnotationTrafficCounters: v} })
+	}
+	tests := []struct {
+		name        string
+		svc         *v1.Service
+		mode        TrafficCounters
+		wantCounted bool
+		wantProblem bool
+	}{
+		{name: "default: not annotated is not counted", svc: makeService("a")},
+		{name: "default: annotated true is counted", svc: annotated("true"), wantCounted: true},
+		{name: "default: annotated TRUE is counted", svc: annotated("TRUE"), wantCounted: true},
+		{name: "default: annotated false is not counted", svc: annotated("false")},
+		{name: "annotated mode: annotated 1 is counted", svc: annotated("1"), mode: TrafficCountersAnnotated, wantCounted: true},
+		{name: "all: not annotated is counted", svc: makeService("a"), mode: TrafficCountersAll, wantCounted: true},
+		{name: "all: annotated false is not counted", svc: annotated("false"), mode: TrafficCountersAll},
+		{name: "off: annotated true is not counted", svc: annotated("true"), mode: TrafficCountersOff},
+		{name: "default: malformed is a problem and off", svc: annotated("yes please"), wantProblem: true},
+		{name: "all: malformed is a problem and counted as the node says", svc: annotated("yes"), mode: TrafficCountersAll, wantCounted: true, wantProblem: true},
+		{name: "off: malformed is still a problem", svc: annotated(""), mode: TrafficCountersOff, wantProblem: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ports, problems := ComputeService(tc.svc, nil, testNode, IPv4, Options{TrafficCounters: tc.mode})
+			if sp := onePort(t, ports); sp.Counted != tc.wantCounted {
+				t.Errorf("Counted = %v, want %v", sp.Counted, tc.wantCounted)
+			}
+			if tc.wantProblem {
+				wantProblem(t, problems, "metadata.annotations["+AnnotationTrafficCounters+"]", "is not true or false")
+			} else {
+				wantNoProblems(t, problems)
+			}
+		})
+	}
+}
+
+func TestParseTrafficCounters(t *testing.T) {
+	for in, want := range map[string]TrafficCounters{"": TrafficCountersAnnotated, "annotated": TrafficCountersAnnotated, "all": TrafficCountersAll, "off": TrafficCountersOff} {
+		if got, err := ParseTrafficCounters(in); err != nil || got != want {
+			t.Errorf("ParseTrafficCounters(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"on", "ALL", "true"} {
+		if _, err := ParseTrafficCounters(in); err == nil {
+			t.Errorf("ParseTrafficCounters(%q) accepted", in)
+		}
+	}
+}
+
 func TestDualStackServiceYieldsOnePortPerFamily(t *testing.T) {
 	svc := makeService("a", withType(v1.ServiceTypeLoadBalancer), withClusterIPs("172.30.0.1", "fd00:30::1"), func(s *v1.Service) {
 		s.Spec.ExternalIPs = []string{"203.0.113.1", "2001:db8::1"}

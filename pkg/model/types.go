@@ -182,6 +182,10 @@ type ServicePort struct {
 	// Scheduler is the IPVS scheduler requested by the Service's annotation
 	// (ipvs.sluice.dev/scheduler), "" for the mode's default. Other backends ignore it.
 	Scheduler string
+	// Counted asks the backend to count this port's new connections, packets and bytes
+	// (annotation sluice.dev/traffic-counters, Options.TrafficCounters). Off by default;
+	// a port not counted is programmed exactly as before counters existed.
+	Counted bool
 
 	// AllEndpoints lists every endpoint of this port, usable or not, sorted by ip:port. The
 	// conntrack reconciler and the diagnostics read it; traffic uses the lists below.

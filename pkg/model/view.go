@@ -83,6 +83,9 @@ type ServicePortView struct {
 	HealthCheckNodePort int32 `json:"healthCheckNodePort"`
 	// Scheduler is the IPVS scheduler the Service asks for ("" for the mode's default).
 	Scheduler string `json:"scheduler"`
+	// TrafficCounters is true when the port's traffic is counted (annotation
+	// sluice.dev/traffic-counters or the node's --traffic-counters); left out when false.
+	TrafficCounters bool `json:"trafficCounters,omitempty"`
 	// Topology is the hint-based filtering applied to clusterEndpoints: "",
 	// "PreferSameZone" or "PreferSameNode".
 	Topology string `json:"topology"`
@@ -195,6 +198,7 @@ func (sp *ServicePort) View() ServicePortView {
 		InternalTrafficPolicy:    policyName(sp.InternalPolicyLocal),
 		HealthCheckNodePort:      sp.HealthCheckNodePort,
 		Scheduler:                sp.Scheduler,
+		TrafficCounters:          sp.Counted,
 		Topology:                 string(sp.Topology),
 		HasAnyEndpoints:          sp.HasAnyEndpoints,
 		ClusterEndpoints:         endpointViews(sp.ClusterEndpoints),

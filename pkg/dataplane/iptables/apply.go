@@ -198,6 +198,29 @@ func (b *Backend) syncPartial(ctx context.Context, desired *model.NodeState, cha
 		}
 		units = append(units, u)
 	}
+	// A counted chain whose content changed (an endpoint change rewrites KUBE-SVC) is
+	// flushed and refilled: carry its counts.
+	var counted []*serviceRules
+	rewritten := map[string]bool{}
+	for _, u := range units {
+		if u.new == nil || u.old == nil {
+			continue
+		}
+		counted = append(counted, u.new)
+		old := map[string]uint64{}
+		for _, c := range u.old.natChains {
+			old[c.name] = c.sum
+		}
+		for i := range u.new.natChains {
+			c := &u.new.natChains[i]
+			if sum, ok := old[c.name]; ok && sum != chainSum(c) {
+				rewritten[c.name] = true
+			}
+		}
+	}
+	if len(rewritten) > 0 {
+		b.carryCounts(ctx, counted, func(chain string) bool { return rewritten[chain] })
+	}
 	return b.applyUnits(ctx, units, failed)
 }
 
@@ -493,6 +516,15 @@ func (b *Backend) renderFullSync(desired *model.NodeState, rc *renderConfig, sta
 		s := renderService(rc, name, desired.PortsOf(name))
 		fs.rendered[name] = s
 		chains += len(s.natChains)
+	}
+	// Counted chains are in the kernel already unless this is the first sync: their
+	// counts are carried over the flush and refill.
+	if b.counters.Len() > 0 {
+		list := make([]*serviceRules, 0, len(fs.rendered))
+		for _, s := range fs.rendered {
+			list = append(list, s)
+		}
+		b.carryCounts(context.Background(), list, nil)
 	}
 	// A large sync in the nft flavour first writes the Services' chains in batches; the
 	// final restore then only rewrites the shared chains to point at them.

@@ -44,7 +44,10 @@ type Backend struct {
 	logger klog.Logger
 	tools  *xtables.Tools
 	editor ruleEditor
-	sysctl hostnet.Sysctls
+	// counters maps the counted Services' path chains to their series (for
+	// ReadTrafficCounters, from any goroutine).
+	counters dataplane.CounterIndex
+	sysctl   hostnet.Sysctls
 
 	tcpLiberal bool
 	nfacct     bool
@@ -331,6 +334,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPTables, b.cfg.Family, b.tools)
 	}
 
+	b.counters.Update(desired, changes, res.Full, countedChains)
 	b.stats.Full, b.stats.Reason, b.stats.Failed = res.Full, reason, len(res.Failed)
 	b.stats.Duration = b.opts.now().Sub(start)
 	b.recordRuleMetrics(static)

@@ -462,23 +462,32 @@ func TestKernelCleanupLeavesNothing(t *testing.T) {
 	}
 }
 
+// ipv6Pod wipes the tables and builds an IPv6 pod, fd00:10::2 ("pod6", serving port 80)
+// behind a veth from the node's fd00:10::1, with the ClusterIP range fd00:172:30::/64
+// routed to it.
+func ipv6Pod(t *testing.T) string {
+	t.Helper()
+	wipeIPTables(t)
+	t.Cleanup(func() { wipeIPTables(t) })
+	pod := netnstest.NewNamed(t, "pod6")
+	run(t, "ip", "link", "add", "v6", "type", "veth", "peer", "name", "eth0", "netns", pod)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "v6").Run() })
+	run(t, "ip", "addr", "add", "fd00:10::1/64", "dev", "v6", "nodad")
+	run(t, "ip", "link", "set", "v6", "up")
+	run(t, "ip", "-n", pod, "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", pod, "link", "set", "eth0", "up")
+	run(t, "ip", "-n", pod, "route", "add", "default", "via", "fd00:10::1")
+	run(t, "ip", "-6", "route", "replace", "fd00:172:30::/64", "dev", "v6")
+	run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	serve(t, pod, "pod6", 80)
+	return pod
+}
+
 func TestKernelIPv6(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
-			wipeIPTables(t)
-			t.Cleanup(func() { wipeIPTables(t) })
-			pod := netnstest.NewNamed(t, "pod6")
-			run(t, "ip", "link", "add", "v6", "type", "veth", "peer", "name", "eth0", "netns", pod)
-			t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "v6").Run() })
-			run(t, "ip", "addr", "add", "fd00:10::1/64", "dev", "v6", "nodad")
-			run(t, "ip", "link", "set", "v6", "up")
-			run(t, "ip", "-n", pod, "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad")
-			run(t, "ip", "-n", pod, "link", "set", "eth0", "up")
-			run(t, "ip", "-n", pod, "route", "add", "default", "via", "fd00:10::1")
-			run(t, "ip", "-6", "route", "replace", "fd00:172:30::/64", "dev", "v6")
-			run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+			pod := ipv6Pod(t)
 			run(t, "sysctl", "-qw", "net.ipv6.icmp.ratelimit=0")
-			serve(t, pod, "pod6", 80)
 
 			w := &world{}
 			w.add(svc("ns", "v6", "fd00:172:30::10"), slice("ns", "v6", 80, tcp, ep{ip: "fd00:10::2", node: "node1"}))

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -227,11 +228,13 @@ func TestPacketFlowOptions(t *testing.T) {
 // names for every feature.
 func TestFullRulesetGolden(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		family model.IPFamily
-		cfg    func(*dataplane.Config)
+		name    string
+		family  model.IPFamily
+		cfg     func(*dataplane.Config)
+		counted bool // every Service's traffic counted (--traffic-counters=all)
 	}{
 		{name: "ipv4", family: model.IPv4},
+		{name: "ipv4-counted", family: model.IPv4, counted: true},
 		{name: "ipv4-nodeport-addresses", family: model.IPv4, cfg: func(c *dataplane.Config) {
 			c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("127.0.0.0/8")}}
 			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalInterfaceNamePrefix, Interface: "veth"}
@@ -244,7 +247,11 @@ func TestFullRulesetGolden(t *testing.T) {
 				tc.cfg(&cfg)
 			}
 			b, k, _ := newTestBackend(t, cfg, FlavourLegacy)
-			mustApply(t, b, featureWorld().state(tc.family), full())
+			st := featureWorld().state(tc.family)
+			if tc.counted {
+				st = countertest.Counted(st)
+			}
+			mustApply(t, b, st, full())
 			if len(k.restores) != 1 {
 				t.Fatalf("full sync ran %d restores, want 1", len(k.restores))
 			}

@@ -220,8 +220,8 @@ func renderUnits(units []unit) *restoreInput {
 					continue
 				}
 				natDecls = append(natDecls, chainDecl{c.name, owner})
-				for _, l := range c.rules {
-					natRules = append(natRules, ownedLine{owner, l})
+				for j := range c.rules {
+					natRules = append(natRules, ownedLine{owner, u.new.ruleLine(c, j)})
 				}
 			}
 		}
@@ -394,9 +394,10 @@ func renderFull(p *fullPlan) *restoreInput {
 		if p.prestaged[s.name] {
 			continue
 		}
-		for _, c := range s.natChains {
-			for _, l := range c.rules {
-				r.add(o, l)
+		for i := range s.natChains {
+			c := &s.natChains[i]
+			for j := range c.rules {
+				r.add(o, s.ruleLine(c, j))
 			}
 		}
 	}
@@ -455,9 +456,10 @@ func renderChainsOnly(services []*serviceRules) *restoreInput {
 	writeDecls(r, decls)
 	for _, s := range services {
 		o := lineOwner{kind: lineService, service: s.name}
-		for _, c := range s.natChains {
-			for _, l := range c.rules {
-				r.add(o, l)
+		for i := range s.natChains {
+			c := &s.natChains[i]
+			for j := range c.rules {
+				r.add(o, s.ruleLine(c, j))
 			}
 		}
 	}

@@ -148,9 +148,24 @@ type serviceRules struct {
 	natTop    []topRule
 	filterTop []topRule
 	natChains []chainRules
+	// carry holds the counts a counted chain's counter rule (its first) is written
+	// with ("[packets:bytes]", iptables-restore --counters), read from the kernel just
+	// before the chain is rewritten; nil when nothing is carried.
+	carry map[string]ruleCount
 	// noLocalInternal and noLocalExternal count ports with a Local policy and no local
 	// endpoints (the sync_proxy_rules_no_local_endpoints_total gauge).
 	noLocalInternal, noLocalExternal int
+}
+
+// ruleLine returns the restore line of rule i of chain c: with the counts carried for
+// its counter rule, if any.
+func (s *serviceRules) ruleLine(c *chainRules, i int) string {
+	if i == 0 && s.carry != nil {
+		if n, ok := s.carry[c.name]; ok && strings.HasSuffix(c.rules[0], counterComment+`"`) {
+			return "[" + strconv.FormatUint(n.packets, 10) + ":" + strconv.FormatUint(n.bytes, 10) + "] " + c.rules[0]
+		}
+	}
+	return c.rules[i]
 }
 
 // natRuleCount is the number of rules the Service owns in nat.
@@ -216,6 +231,7 @@ func renderPort(rc *renderConfig, sp *model.ServicePort, s *serviceRules) {
 	pr.firewallChainRules()
 	pr.policyChains()
 	pr.endpointChains()
+	pr.counters()
 	for _, name := range pr.order {
 		s.natChains = append(s.natChains, chainRules{name: name, rules: pr.rules[name]})
 	}
@@ -478,6 +494,44 @@ func (pr *portRender) firewallChainRules() {
 	}
 	// A packet reaching the end was not DNATed: KUBE-PROXY-FIREWALL drops it.
 	pr.add(fw, (&line{}).add("-m", "comment", "--comment", quoted("other traffic to "+pr.portName+" will be dropped by KUBE-PROXY-FIREWALL")))
+}
+
+// counterComment ends the comment of a traffic counter rule.
+const counterComment = " traffic counter"
+
+// counters puts a traffic counter first in each path chain (KUBE-SVC, KUBE-SVL,
+// KUBE-EXT) of a Counted port: a rule without a target, which only counts. The chains
+// are nat chains, which netfilter runs for the first packet of a connection only: the
+// rule's packets are the path's new connections (README, "Traffic counters").
+func (pr *portRender) counters() {
+	if !pr.sp.Counted {
+		return
+	}
+	for _, cp := range countedChains(pr.sp) {
+		rules, ok := pr.rules[cp.Chain]
+		if !ok {
+			continue
+		}
+		counter := "-A " + cp.Chain + " -m comment --comment " + quoted(pr.portName+counterComment)
+		pr.rules[cp.Chain] = append([]string{counter}, rules...)
+	}
+}
+
+// countedChains returns the path chains of a Counted port that exist (KUBE-SVC and
+// KUBE-SVL only with endpoints for them, KUBE-EXT with endpoints anywhere), and their paths.
+func countedChains(sp *model.ServicePort) []dataplane.ChainPath {
+	hash := portHash(sp.Name.String(), sp.Name.Protocol.Lower())
+	var out []dataplane.ChainPath
+	if len(sp.ClusterEndpoints) > 0 && sp.UsesClusterEndpoints() {
+		out = append(out, dataplane.ChainPath{Chain: prefixClusterPolicy + hash, Path: dataplane.PathCluster})
+	}
+	if len(sp.LocalEndpoints) > 0 && sp.UsesLocalEndpoints() {
+		out = append(out, dataplane.ChainPath{Chain: prefixLocalPolicy + hash, Path: dataplane.PathLocal})
+	}
+	if sp.HasAnyEndpoints && sp.ExternallyAccessible() {
+		out = append(out, dataplane.ChainPath{Chain: prefixExternal + hash, Path: dataplane.PathExternal})
+	}
+	return out
 }
 
 // policyChains writes KUBE-SVC and KUBE-SVL: the jumps to the endpoints.

@@ -48,6 +48,10 @@ type Backend struct {
 	recordPlan bool
 	lastPlan   *Plan
 	stats      ApplyStats
+	// counters maps the counted Services' path chains to their series; rc is the
+	// netlink socket ReadTrafficCounters uses, so that a read never waits for an Apply.
+	counters dataplane.CounterIndex
+	rc       *conn
 	// fault is withFault's function (tests).
 	fault func(types.NamespacedName, []*model.ServicePort) faultKind
 }
@@ -128,10 +132,15 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		c.close()
 		return nil, err
 	}
+	rc, err := openConn()
+	if err != nil {
+		c.close()
+		return nil, err
+	}
 	f := familyOf(cfg.Family)
 	logger := klog.LoggerWithValues(klog.FromContext(ctx), "ipFamily", cfg.Family.String())
 	b := &Backend{
-		cfg: cfg, f: f, c: c, logger: logger,
+		cfg: cfg, f: f, c: c, rc: rc, logger: logger,
 		app:             &applier{c: c, f: f, limits: o.limits},
 		fault:           o.fault,
 		deleteChainsNow: kv.AtLeast(6, 2),
@@ -148,8 +157,14 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	return b, nil
 }
 
-// Close releases the netlink socket. The table stays.
-func (b *Backend) Close() error { return b.c.close() }
+// Close releases the netlink sockets. The table stays.
+func (b *Backend) Close() error {
+	err := b.c.close()
+	if b.rc != nil {
+		err = errors.Join(err, b.rc.close())
+	}
+	return err
+}
 
 // Mode implements dataplane.Backend.
 func (b *Backend) Mode() dataplane.Mode { return dataplane.ModeNFTables }
@@ -221,6 +236,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	}
 
 	out := b.settle(p, res, full, start)
+	b.counters.Update(desired, changes, full, countedChains)
 	if out.Err == nil && b.sync.LeftoversDue() {
 		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeNFTables, b.cfg.Family, nil)
 	}

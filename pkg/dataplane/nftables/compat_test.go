@@ -37,7 +37,7 @@ func TestTablesWrittenByNftConverge(t *testing.T) {
 			}
 			nft(t, "-f", path)
 			b := newTestBackend(t, v.config(), fixedAddrs(testLocalAddrs...))
-			mustApply(t, b, examples(v.family), model.Changes{Full: true})
+			mustApply(t, b, v.state(), model.Changes{Full: true})
 			if st := b.LastStats(); st.Operations != 0 {
 				t.Errorf("converging the table nft wrote planned %d operations:\n%s", st.Operations, b.lastPlan)
 			}

@@ -140,6 +140,16 @@ type planVariant struct {
 	name   string
 	family model.IPFamily
 	edit   func(*dataplane.Config)
+	// counted counts every Service's traffic (--traffic-counters=all).
+	counted bool
+}
+
+// state is the variant's desired state: the examples, counted or not.
+func (v planVariant) state() *model.NodeState {
+	if v.counted {
+		return withCounters(examples(v.family))
+	}
+	return examples(v.family)
 }
 
 func (v planVariant) config() dataplane.Config {
@@ -153,6 +163,8 @@ func (v planVariant) config() dataplane.Config {
 var planVariants = []planVariant{
 	{name: "ipv4", family: model.IPv4},
 	{name: "ipv6", family: model.IPv6},
+	{name: "ipv4-counted", family: model.IPv4, counted: true},
+	{name: "ipv6-counted", family: model.IPv6, counted: true},
 	{name: "ipv4-masquerade-all-nodeports-everywhere", family: model.IPv4, edit: func(c *dataplane.Config) {
 		c.MasqueradeAll = true
 		c.NodePortAddresses = dataplane.NodePortAddresses{MatchAll: true}
@@ -177,7 +189,7 @@ func TestFullPlanGolden(t *testing.T) {
 	for _, v := range planVariants {
 		t.Run(v.name, func(t *testing.T) {
 			k := newFakeKernel(v.config())
-			p := k.apply(examples(v.family), model.Changes{Full: true})
+			p := k.apply(v.state(), model.Changes{Full: true})
 			golden(t, "full-"+v.name+".nft", p.String())
 		})
 	}

@@ -510,6 +510,9 @@ func parseKernelRule(fam byte, r rawRule, anonSets map[string]*setDef) ([][]byte
 			return nil, nil, nil, err
 		}
 		switch x := e.(type) {
+		case *expr.Counter:
+			// A counter's values are traffic, not configuration.
+			x.Packets, x.Bytes = 0, 0
 		case *expr.Numgen:
 			numgen = x
 		case *expr.Lookup:

@@ -23,7 +23,7 @@ func TestKernelRenderIsWhatTheBackendSends(t *testing.T) {
 	for _, v := range planVariants {
 		t.Run(v.name, func(t *testing.T) {
 			resetTable(t)
-			state := examples(v.family)
+			state := v.state()
 			text, err := Render(state, v.config(), RenderOptions{LocalAddresses: testLocalAddrs})
 			if err != nil {
 				t.Fatalf("Render: %v", err)

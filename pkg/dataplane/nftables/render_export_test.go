@@ -17,7 +17,7 @@ import (
 func TestRenderIsTheFirstFullPlan(t *testing.T) {
 	for _, v := range planVariants {
 		t.Run(v.name, func(t *testing.T) {
-			state := examples(v.family)
+			state := v.state()
 			got, err := Render(state, v.config(), RenderOptions{LocalAddresses: testLocalAddrs})
 			if err != nil {
 				t.Fatalf("Render: %v", err)

@@ -784,11 +784,22 @@ func (u updateSaddr) compile(f *family, c *compiled) {
 		&expr.Dynset{SrcRegKey: 1, SetName: u.set, Operation: unix.NFT_DYNSET_OP_UPDATE})
 }
 
+// counterTerm counts the packets and bytes that reach it (a traffic counter, see
+// buildServicePort). A counter read from the kernel is compared without its values
+// (parseKernelRule zeroes them), so counting never makes a chain look changed.
+type counterTerm struct{}
+
+func (counterTerm) render(_ *family, b *strings.Builder) { b.WriteString("counter") }
+func (counterTerm) compile(_ *family, c *compiled) {
+	c.exprs = append(c.exprs, &expr.Counter{})
+}
+
 func itoa(i int) string { return strconv.Itoa(i) }
 
 // Constant terms (see constantTerm).
 
 func (ctStateNew) constKey() string            { return "ctstatenew" }
+func (counterTerm) constKey() string           { return "counter" }
 func (ctStatusDNAT) constKey() string          { return "ctstatusdnat" }
 func (m l4proto) constKey() string             { return "l4proto/" + itoa(int(m.proto)) }
 func (m markSetOr) constKey() string           { return "markor/" + markString(m.mark) }

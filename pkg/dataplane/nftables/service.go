@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -258,7 +259,7 @@ func (b *portBuild) externalChain() {
 			comment: "short-circuit local traffic"})
 	}
 	rules = append(rules, rule{terms: []term{gotoChain(b.externalPolicyChain)}})
-	out.chains = append(out.chains, chainDef{name: names.external, rules: rules})
+	out.chains = append(out.chains, chainDef{name: names.external, rules: counted(sp, rules)})
 }
 
 // firewallChain drops what comes to an LB IP from outside its source ranges.
@@ -312,11 +313,38 @@ func (b *portBuild) affinityChains() {
 func (b *portBuild) endpointChains() {
 	sp, f, names, proto, out, affinity := b.sp, b.f, b.names, b.proto, b.out, b.affinity
 	if sp.UsesClusterEndpoints() {
-		out.chains = append(out.chains, chainDef{name: names.cluster, rules: endpointRules(f, sp, proto, names.cluster, sp.ClusterEndpoints, affinity, out)})
+		out.chains = append(out.chains, chainDef{name: names.cluster, rules: counted(sp, endpointRules(f, sp, proto, names.cluster, sp.ClusterEndpoints, affinity, out))})
 	}
 	if sp.UsesLocalEndpoints() {
-		out.chains = append(out.chains, chainDef{name: names.local, rules: endpointRules(f, sp, proto, names.local, sp.LocalEndpoints, affinity, out)})
+		out.chains = append(out.chains, chainDef{name: names.local, rules: counted(sp, endpointRules(f, sp, proto, names.local, sp.LocalEndpoints, affinity, out))})
 	}
+}
+
+// counted puts a traffic counter first in a path chain of a Counted port. The path
+// chains are nat chains, which netfilter runs for the first packet of a connection only:
+// the counter's packets are the path's new connections (README, "Traffic counters").
+// Its own rule, so that the other rules are the same with or without it.
+func counted(sp *model.ServicePort, rules []rule) []rule {
+	if !sp.Counted {
+		return rules
+	}
+	return append([]rule{{terms: []term{counterTerm{}}}}, rules...)
+}
+
+// countedChains returns the chains of a Counted port that carry a counter, and their paths.
+func countedChains(sp *model.ServicePort) []dataplane.ChainPath {
+	names := chainNamesFor(sp.Name)
+	var out []dataplane.ChainPath
+	if sp.UsesClusterEndpoints() {
+		out = append(out, dataplane.ChainPath{Chain: names.cluster, Path: dataplane.PathCluster})
+	}
+	if sp.UsesLocalEndpoints() {
+		out = append(out, dataplane.ChainPath{Chain: names.local, Path: dataplane.PathLocal})
+	}
+	if sp.ExternallyAccessible() {
+		out = append(out, dataplane.ChainPath{Chain: names.external, Path: dataplane.PathExternal})
+	}
+	return out
 }
 
 // reachableEndpoints returns every endpoint either list may send traffic to, once.

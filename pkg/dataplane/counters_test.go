@@ -1,0 +1,75 @@
+package dataplane
+
+import (
+	"errors"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
+
+type scriptedReader struct {
+	reads [][]TrafficCount
+	errs  []error
+	i     int
+}
+
+func (r *scriptedReader) ReadTrafficCounters() ([]TrafficCount, error) {
+	i := r.i
+	r.i++
+	return r.reads[i], r.errs[i]
+}
+
+func count(s CounterSeries, n uint64) TrafficCount {
+	return TrafficCount{CounterSeries: s, NewConnections: n}
+}
+
+// TestCollectorIsMonotonic: a kernel counter that restarts (a rewritten chain) adds to
+// the exported total; a failed read keeps the last totals; families are summed; a
+// series no longer counted ends.
+func TestCollectorIsMonotonic(t *testing.T) {
+	web := CounterSeries{Port: model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "web"}, Port: "http", Protocol: model.TCP}, Path: PathCluster}
+	v4 := &scriptedReader{
+		reads: [][]TrafficCount{{count(web, 5)}, {count(web, 8)}, {count(web, 2)}, nil, {}},
+		errs:  []error{nil, nil, nil, errors.New("boom"), nil},
+	}
+	v6 := &scriptedReader{
+		reads: [][]TrafficCount{{count(web, 1)}, {count(web, 1)}, {count(web, 1)}, {count(web, 4)}, {}},
+		errs:  []error{nil, nil, nil, nil, nil},
+	}
+	c := NewTrafficCounterCollector(klog.Background(), v4, v6)
+	for i, want := range []uint64{6, 9, 11, 14} {
+		got := c.Read()
+		if len(got) != 1 || got[0].NewConnections != want {
+			t.Fatalf("read %d: %v, want %d new connections", i, got, want)
+		}
+	}
+	if got := c.Read(); len(got) != 0 {
+		t.Errorf("series no longer counted still exported: %v", got)
+	}
+}
+
+func TestCounterIndexFollowsChanges(t *testing.T) {
+	name := types.NamespacedName{Namespace: "ns", Name: "web"}
+	sp := &model.ServicePort{Name: model.ServicePortName{NamespacedName: name, Port: "http", Protocol: model.TCP}, Counted: true}
+	ns := model.NewNodeState(model.IPv4, model.NodeInfo{})
+	ns.SetService(name, []*model.ServicePort{sp}, nil)
+	chainsOf := func(sp *model.ServicePort) []ChainPath {
+		return []ChainPath{{Chain: "c-" + sp.Name.Name, Path: PathCluster}}
+	}
+	var x CounterIndex
+	x.Update(ns, model.Changes{}, true, chainsOf)
+	if got := x.Resolve(map[string]TrafficCount{"c-web": {NewConnections: 3}, "c-other": {NewConnections: 1}}); len(got) != 1 || got[0].Port != sp.Name {
+		t.Fatalf("Resolve = %v", got)
+	}
+	off := *sp
+	off.Counted = false
+	ns.SetService(name, []*model.ServicePort{&off}, nil)
+	x.Update(ns, model.Changes{Services: sets.New(name)}, false, chainsOf)
+	if x.Len() != 0 {
+		t.Errorf("a Service no longer counted keeps %d chains", x.Len())
+	}
+}

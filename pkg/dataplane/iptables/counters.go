@@ -1,0 +1,162 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
+)
+
+// perChainReadMax is the number of counted chains up to which a read lists each chain's
+// first rule (`iptables -t nat -S CHAIN 1 -v`); above it one `iptables-save -c -t nat`
+// is cheaper than that many runs.
+const perChainReadMax = 64
+
+// counterReadTimeout bounds one read of the traffic counters.
+const counterReadTimeout = 30 * time.Second
+
+var _ dataplane.TrafficCounterReader = (*Backend)(nil)
+
+// ReadTrafficCounters reads the counter rules of the counted Service ports' path chains
+// (README, "Traffic counters"). It runs the iptables programs itself and never waits for
+// an Apply; with the legacy flavour it may wait for the xtables lock while a restore
+// holds it, the restore never waits for it longer than one listing.
+func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
+	n := b.counters.Len()
+	if n == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), counterReadTimeout)
+	defer cancel()
+	raw, err := b.readCounterRules(ctx, b.counters.Chains())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]dataplane.TrafficCount, len(raw))
+	for chain, c := range raw {
+		out[chain] = dataplane.TrafficCount{NewConnections: c.packets}
+	}
+	return b.counters.Resolve(out), nil
+}
+
+// ruleCount is a rule's counters.
+type ruleCount struct{ packets, bytes uint64 }
+
+// readCounterRules returns the counter rule's counts of those of chains that are in the
+// kernel.
+func (b *Backend) readCounterRules(ctx context.Context, chains []string) (map[string]ruleCount, error) {
+	out := make(map[string]ruleCount, len(chains))
+	if len(chains) <= perChainReadMax {
+		for _, chain := range chains {
+			args := []string{"--wait", strconv.Itoa(b.tools.WaitSeconds), "-t", tableNAT, "-S", chain, "1", "-v"}
+			stdout, _, err := b.tools.Cmd.Run(ctx, b.tools.IPTables, args, nil)
+			if err != nil {
+				continue // not (yet, or any more) in the kernel
+			}
+			if c, ok := parseListedCounter(string(bytes.TrimSpace(stdout))); ok {
+				out[chain] = c
+			}
+		}
+		return out, nil
+	}
+	stdout, stderr, err := b.tools.Cmd.Run(ctx, b.tools.SaveProgram, []string{"-c", "-t", tableNAT}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s -c -t nat: %w: %s", b.tools.SaveProgram, err, bytes.TrimSpace(stderr))
+	}
+	sc := bufio.NewScanner(bytes.NewReader(stdout))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	want := make(map[string]bool, len(chains))
+	for _, c := range chains {
+		want[c] = true
+	}
+	for sc.Scan() {
+		if chain, c, ok := parseSavedCounter(sc.Text()); ok && want[chain] {
+			if _, seen := out[chain]; !seen {
+				out[chain] = c
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// carryCounts reads the counts of the counted chains of services that are in the
+// kernel, so that rewriting them (a flush and refill, which restarts a rule's counters)
+// carries the counts over. A failed read is logged and carries nothing: the collector
+// then sees the counter restart, and adds what it counts from there.
+// rewritten, when not nil, says which chains are about to be rewritten.
+func (b *Backend) carryCounts(ctx context.Context, services []*serviceRules, rewritten func(chain string) bool) {
+	var chains []string
+	for _, s := range services {
+		for _, sp := range s.ports {
+			if sp.Counted {
+				for _, cp := range countedChains(sp) {
+					if rewritten == nil || rewritten(cp.Chain) {
+						chains = append(chains, cp.Chain)
+					}
+				}
+			}
+		}
+	}
+	if len(chains) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, counterReadTimeout)
+	defer cancel()
+	counts, err := b.readCounterRules(ctx, chains)
+	if err != nil {
+		b.logger.Error(err, "Failed to read the traffic counters of the chains about to be rewritten; their counts restart")
+		return
+	}
+	for _, s := range services {
+		for _, c := range s.natChains {
+			if n, ok := counts[c.name]; ok {
+				if s.carry == nil {
+					s.carry = map[string]ruleCount{}
+				}
+				s.carry[c.name] = n
+			}
+		}
+	}
+}
+
+// parseListedCounter reads `-A CHAIN -m comment --comment "… traffic counter" -c P B`.
+func parseListedCounter(l string) (ruleCount, bool) {
+	if !strings.Contains(l, counterComment+`"`) {
+		return ruleCount{}, false
+	}
+	i := strings.LastIndex(l, " -c ")
+	if i < 0 {
+		return ruleCount{}, false
+	}
+	f := strings.Fields(l[i+4:])
+	if len(f) < 2 {
+		return ruleCount{}, false
+	}
+	p, err1 := strconv.ParseUint(f[0], 10, 64)
+	by, err2 := strconv.ParseUint(f[1], 10, 64)
+	return ruleCount{p, by}, err1 == nil && err2 == nil
+}
+
+// parseSavedCounter reads `[P:B] -A CHAIN -m comment --comment "… traffic counter"`.
+func parseSavedCounter(l string) (string, ruleCount, bool) {
+	if !strings.HasPrefix(l, "[") || !strings.HasSuffix(l, counterComment+`"`) {
+		return "", ruleCount{}, false
+	}
+	end := strings.IndexByte(l, ']')
+	if end < 0 {
+		return "", ruleCount{}, false
+	}
+	ps, bs, ok := strings.Cut(l[1:end], ":")
+	f := strings.Fields(l[end+1:])
+	if !ok || len(f) < 2 || f[0] != "-A" {
+		return "", ruleCount{}, false
+	}
+	p, err1 := strconv.ParseUint(ps, 10, 64)
+	by, err2 := strconv.ParseUint(bs, 10, 64)
+	return f[1], ruleCount{p, by}, err1 == nil && err2 == nil
+}
