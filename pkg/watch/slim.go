@@ -101,7 +101,6 @@ var (
 
 func init() {
 	for _, p := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP} {
-		p := p
 		sharedProtocols[p] = &p
 	}
 }
