@@ -160,17 +160,18 @@ func (p *sluiceProcess) start(t *testing.T, cmd *exec.Cmd) {
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
-		logFile.Close()
+		_ = logFile.Close()
 		t.Fatalf("starting sluice: %v", err)
 	}
-	go func() { p.exited <- p.cmd.Wait(); logFile.Close() }()
+	go func() { p.exited <- p.cmd.Wait(); _ = logFile.Close() }() // the child wrote through its own descriptor
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		// Stopping at the end of a test: how sluice exited is not what this cleanup checks.
 		select {
-		case <-p.exited:
+		case _ = <-p.exited:
 		case <-time.After(10 * time.Second):
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.exited
+			_ = <-p.exited
 		}
 		if log := p.log(); strings.Contains(log, raceReport) {
 			t.Errorf("the race detector found a data race in sluice:\n%s", raceReports(log))
