@@ -105,7 +105,7 @@ func freeNodePort(t *testing.T) int32 {
 		if err != nil {
 			continue
 		}
-		l.Close()
+		_ = l.Close() // only probed the port is free
 		return int32(port)
 	}
 	t.Fatal("no free port in 30000-32767 on 127.0.0.1")
@@ -168,10 +168,10 @@ func (p *sluiceProcess) start(t *testing.T, cmd *exec.Cmd) {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		// Stopping at the end of a test: how sluice exited is not what this cleanup checks.
 		select {
-		case _ = <-p.exited:
+		case <-p.exited: //nolint:errcheck // see above
 		case <-time.After(10 * time.Second):
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			_ = <-p.exited
+			<-p.exited //nolint:errcheck // see above
 		}
 		if log := p.log(); strings.Contains(log, raceReport) {
 			t.Errorf("the race detector found a data race in sluice:\n%s", raceReports(log))

@@ -96,7 +96,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- srv.Serve(ctx) }()
-		defer func() { cancel(); _ = <-done }()
+		defer func() { cancel(); <-done }() //nolint:errcheck // only waits for Serve to stop; the test checks the traffic
 		for _, n := range c.Nodes {
 			out := expect(t, n.Name+" -> apiserver", n.Probe(echo.TCP, netip.AddrPortFrom(c.APIAddress(), 16443), echo.ProbeOptions{}), echo.Answered)
 			if out.Result == echo.Answered && out.Reply.Remote.Addr() != n.APIAddress {

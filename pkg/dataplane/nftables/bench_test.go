@@ -191,7 +191,7 @@ func BenchmarkFirstPacket(b *testing.B) {
 						return err
 					}
 					samples = append(samples, time.Since(start))
-					c.Close()
+					_ = c.Close()
 				}
 				return nil
 			})
