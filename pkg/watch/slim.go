@@ -105,16 +105,6 @@ func init() {
 	}
 }
 
-func sharedBool(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return &sharedTrue
-	}
-	return &sharedFalse
-}
-
 func sharedProtocol(p *v1.Protocol) *v1.Protocol {
 	if p == nil {
 		return nil
