@@ -35,7 +35,7 @@ test-race: ## The packages that run goroutines, under the race detector (cgo: gc
 	GOTESTFLAGS='$(GOTESTFLAGS)' hack/test-race.sh
 
 .PHONY: verify
-verify: ## gofmt, go vet and the import-direction rules.
+verify: ## gofmt, go vet, golangci-lint (.golangci.yml), the logging rule and the import-direction rules.
 	hack/verify.sh
 
 .PHONY: test-kernel

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Static checks: formatting, go vet (every build tag), and the import direction of the
-# layers (API -> model -> backend -> kernel; see README "Layout").
+# Static checks: formatting, go vet (every build tag), golangci-lint, the logging rule, and
+# the import direction of the layers (API -> model -> backend -> kernel; see README "Layout").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -18,6 +18,21 @@ go vet -tags e2e ./test/e2e/... ./test/deploy/... ./test/sandbox/... ./test/roll
 go vet -tags conformance ./test/conformance/...
 go vet -tags vm ./test/vm/...
 go vet -tags vmharness ./test/vm/...
+
+# golangci-lint (.golangci.yml: the standard linters plus staticcheck, errorlint, nolintlint,
+# misspell, unconvert, copyloopvar) over every build tag; any finding fails verify.
+if ! hack/golangci-lint.sh; then
+  echo "verify: golangci-lint found problems (above); hack/golangci-lint.sh runs it alone" >&2
+  fail=1
+fi
+
+# Library code logs through klog's structured logger (docs/logging.md): never straight to
+# stderr/stdout, the standard log package, print/println, or klog's printf functions.
+if out=$(git grep -nE 'fmt\.Fprint(f|ln)?\(os\.Std(err|out)|(^|[^.A-Za-z0-9_])println?\(|\blog\.(Print|Fatal|Panic)|klog\.[A-Z][a-z]+f\(' -- 'pkg/*.go' ':!*_test.go'); then
+  echo "verify: pkg/ writes diagnostics outside klog's structured logger (docs/logging.md):" >&2
+  echo "$out" >&2
+  fail=1
+fi
 
 # forbid PKG_PATTERN IMPORT_REGEX WHY: no package matching PKG_PATTERN may import (directly)
 # a package matching IMPORT_REGEX.

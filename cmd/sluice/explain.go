@@ -161,6 +161,7 @@ func runExplain(ctx context.Context, stdout io.Writer, f *explainFlags, args []s
 		}
 	}
 	if len(found) == 0 {
+		//nolint:staticcheck // ST1005: "Service" is the Kubernetes kind, and the message is the command's output
 		return fmt.Errorf("Service %s/%s has no port in sluice's state on %s (it does not exist, is headless or ExternalName, or is not for this proxy)", namespace, name, src.node)
 	}
 	if f.output == "json" {

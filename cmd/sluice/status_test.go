@@ -106,7 +106,7 @@ func closedAddress(t *testing.T) string {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close()
 	return "http://" + addr
 }
 

@@ -320,7 +320,7 @@ func (b *bench) startProxy(n *node, r runSpec, s proxySettings) (*proxyRun, erro
 // exited returns an error quoting the proxy's log once it has exited.
 func (pr *proxyRun) exited() error {
 	if done, err := pr.proc.Exited(); done {
-		return fmt.Errorf("the proxy exited (%v); last lines of %s:\n%s", err, pr.proc.LogPath, logTail(pr.proc.LogPath, 30))
+		return fmt.Errorf("the proxy exited (%w); last lines of %s:\n%s", err, pr.proc.LogPath, logTail(pr.proc.LogPath, 30))
 	}
 	return nil
 }
@@ -763,7 +763,7 @@ func fetch(ctx context.Context, client *http.Client, url, path string, timeout t
 		return err
 	}
 	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
+		_ = f.Close() // the copy's error is the one to report
 		return err
 	}
 	return f.Close()

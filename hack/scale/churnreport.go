@@ -244,7 +244,7 @@ func (r *Report) printChurn(w io.Writer) {
 			seconds(c.Programming.Mean), seconds(c.Mean), bucketText(c.Programming.P50Bucket), bucketText(c.Programming.P99Bucket), c.Programming.Agrees,
 			c.Syncs, c.Changes, c.CPUPerSecond, c.ChildCPUPerSecond, burst)
 	}
-	tw.Flush()
+	_ = tw.Flush() // a report on a terminal: nowhere better to say it failed
 	for _, c := range r.ChurnSummary {
 		for _, g := range c.Goals {
 			fmt.Fprintf(w, "  %s at %g/s: %s\n", c.Run, c.Rate, g)

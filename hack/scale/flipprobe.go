@@ -148,11 +148,11 @@ func connectNonBlocking(sa *unix.SockaddrInet4) (net.Conn, error) {
 		return nil, fmt.Errorf("socket: %w", err)
 	}
 	if err := unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0}); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, fmt.Errorf("SO_LINGER: %w", err)
 	}
 	if err := unix.Connect(fd, sa); err != nil && !errors.Is(err, unix.EINPROGRESS) {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "probe")

@@ -76,7 +76,7 @@ func waitAnswer(ctx context.Context, client *topology.Pod, target netip.AddrPort
 		}
 		if stop != nil {
 			if err := stop(); err != nil {
-				return time.Time{}, probes, fmt.Errorf("%w: %v", errGaveUp, err)
+				return time.Time{}, probes, fmt.Errorf("%w: %w", errGaveUp, err)
 			}
 		}
 	}
@@ -91,7 +91,7 @@ func connectTime(dst netip.AddrPort, timeout time.Duration) (time.Duration, erro
 	if err != nil {
 		return 0, fmt.Errorf("socket: %w", err)
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	tv := unix.NsecToTimeval(timeout.Nanoseconds())
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
 		return 0, fmt.Errorf("SO_SNDTIMEO: %w", err)

@@ -85,7 +85,7 @@ func flavourPATH(dir string, r runSpec) (string, error) {
 	for _, base := range []string{"iptables", "ip6tables"} {
 		for _, suffix := range []string{"", "-save", "-restore"} {
 			link := filepath.Join(binDir, base+suffix)
-			os.Remove(link)
+			_ = os.Remove(link)
 			if err := os.Symlink(multi, link); err != nil {
 				return "", fmt.Errorf("flavour link: %w", err)
 			}

@@ -701,7 +701,7 @@ func (r *Report) printTable(w io.Writer) {
 		for _, d := range r.Datasets {
 			fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%s\t\n", d.Services, d.Objects, seconds(d.WriteSeconds), div(float64(d.Objects), d.WriteSeconds), seconds(d.APIServerCPUSeconds))
 		}
-		tw.Flush()
+		_ = tw.Flush() // a report on a terminal: nowhere better to say it failed
 	}
 	if len(r.APILists) > 0 {
 		fmt.Fprintln(w, "\nAPI side of a cold start, bare client as system:kube-proxy, protobuf (Services + EndpointSlices, medians):")
@@ -710,7 +710,7 @@ func (r *Report) printTable(w io.Writer) {
 		for _, a := range r.APILists {
 			fmt.Fprintf(tw, "%d\t%d\t%s\t%.1fMB\t%s\t%s\t\n", a.Services, a.Objects, seconds(a.ListSeconds), float64(a.ListBytes)/1e6, seconds(a.DecodeSeconds), seconds(a.WatchListSeconds))
 		}
-		tw.Flush()
+		_ = tw.Flush() // a report on a terminal: nowhere better to say it failed
 	}
 
 	fmt.Fprintln(w)
@@ -733,7 +733,7 @@ func (r *Report) printTable(w io.Writer) {
 			mib(s.ReadyRSSBytes), mib(s.PeakRSSBytes), s.PeriodicFullSyncs, mib(s.EndRSSBytes), mib(s.HelperPeakRSSBytes), count(s.Chains), count(s.Rules), count(s.Elements),
 			micros(s.FirstPacketP50Micros), micros(s.FirstPacketP99Micros), micros(s.DirectP50Micros), seconds(s.FloorSeconds), seconds(s.WallSeconds), strings.Join(notes, "; "))
 	}
-	tw.Flush()
+	_ = tw.Flush() // a report on a terminal: nowhere better to say it failed
 	if len(r.Ratios) > 0 {
 		fmt.Fprintln(w, "\nsluice / upstream, same run:")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -742,7 +742,7 @@ func (r *Report) printTable(w io.Writer) {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", q.Services, q.Mode, ratioText(q.Cold), ratioText(q.OwnCold), ratioText(q.ColdCPU),
 				ratioText(q.ChangeVisible), ratioText(q.ChangeSync), ratioText(q.BulkChangeSync), ratioText(q.ReadyRSS), ratioText(q.PeakRSS), ratioText(q.FirstPacketP50), ratioText(q.FirstPacketP99))
 		}
-		tw.Flush()
+		_ = tw.Flush() // a report on a terminal: nowhere better to say it failed
 		fmt.Fprintln(w, "\ngoals (baseline.md, issue 14):")
 		for _, q := range r.Ratios {
 			for _, g := range q.Goals {

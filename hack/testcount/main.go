@@ -83,8 +83,8 @@ type event struct {
 // with verbose, otherwise what plain `go test` prints (package lines, the output of failed
 // tests and of packages that did not build).
 func (c *counter) readJSON(r io.Reader, w io.Writer, verbose bool) error {
+	// A failed write sticks to out: the loop keeps counting and the last Flush reports it.
 	out := bufio.NewWriter(w)
-	defer out.Flush()
 	// Output of each running test, kept until it passes (dropped) or fails (printed).
 	buffered := map[string][]string{}
 	// Packages with a failed test: their FAIL line is expected.
@@ -97,7 +97,7 @@ func (c *counter) readJSON(r io.Reader, w io.Writer, verbose bool) error {
 		if len(line) == 0 || line[0] != '{' || json.Unmarshal(line, &ev) != nil {
 			// Not an event: go test's own messages (e.g. a build error on older Go).
 			fmt.Fprintf(out, "%s\n", line)
-			out.Flush()
+			_ = out.Flush()
 			continue
 		}
 		key := ev.Package + " " + ev.Test
@@ -134,7 +134,7 @@ func (c *counter) readJSON(r io.Reader, w io.Writer, verbose bool) error {
 			}
 			delete(buffered, key)
 		}
-		out.Flush()
+		_ = out.Flush()
 	}
 	// Tests that never ended (the binary died): show what they printed.
 	if !verbose {
@@ -146,6 +146,9 @@ func (c *counter) readJSON(r io.Reader, w io.Writer, verbose bool) error {
 		for _, k := range keys {
 			fmt.Fprintf(out, "testcount: %s did not finish; its output:\n%s", k, strings.Join(buffered[k], ""))
 		}
+	}
+	if err := out.Flush(); err != nil {
+		return fmt.Errorf("writing go test's output: %w", err)
 	}
 	return sc.Err()
 }

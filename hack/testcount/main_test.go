@@ -20,7 +20,7 @@ var fixtureOutput = sync.OnceValues(func() (map[string][]byte, error) {
 	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
 	raw, err := cmd.Output()
 	if len(raw) == 0 {
-		return nil, fmt.Errorf("go test -json in testdata/fixture: %v", err)
+		return nil, fmt.Errorf("go test -json in testdata/fixture: %w", err)
 	}
 	byPkg := map[string][]byte{}
 	for _, line := range bytes.SplitAfter(raw, []byte("\n")) {

@@ -109,7 +109,7 @@ func Run(ctx context.Context, o *config.Options) error {
 		return err
 	}
 	families := supportedFamilies(ctx, e.Mode)
-	logger.Info("Starting sluice", "mode", e.Mode, "backend", mode, "node", e.NodeName, "families", familyNames(families), "nodeIPs", node.IPs)
+	logger.Info("Starting sluice", "mode", e.Mode, "backend", mode, "node", klog.KRef("", e.NodeName), "families", familyNames(families), "nodeIPs", node.IPs)
 	reportLocalDetection(logger, e, node, families, reporter)
 
 	backends, err := newBackends(ctx, mode, e, node, families, sysctls)

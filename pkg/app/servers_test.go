@@ -254,7 +254,12 @@ func TestStatePageFollowsSyncs(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- loop.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("loop.Run: %v", err)
+		}
+	})
 
 	src.add(tr, "ns", 1, 2)
 	tr.OnServicesSynced()
@@ -444,7 +449,12 @@ func BenchmarkStatePage(b *testing.B) {
 	ctx, cancel := context.WithCancel(b.Context())
 	done := make(chan error, 1)
 	go func() { done <- loop.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("loop.Run: %v", err)
+		}
+	}()
 	loop.Request()
 	deadline := time.Now().Add(time.Minute)
 	for {

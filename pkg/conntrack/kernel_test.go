@@ -74,7 +74,7 @@ func serveUDP(t *testing.T, ns, name string) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pc.Close() })
+	t.Cleanup(func() { _ = pc.Close() })
 	go func() {
 		buf := make([]byte, 1500)
 		for {
@@ -82,7 +82,7 @@ func serveUDP(t *testing.T, ns, name string) {
 			if err != nil {
 				return
 			}
-			pc.WriteTo([]byte(name), addr)
+			_, _ = pc.WriteTo([]byte(name), addr)
 		}
 	}()
 }
@@ -99,7 +99,7 @@ func dnat(t *testing.T, dst string, port int, endpoint string) {
 
 // ask sends one datagram on the client's socket and returns the answer ("" for none).
 func ask(c net.Conn) string {
-	c.SetDeadline(time.Now().Add(500 * time.Millisecond))
+	_ = c.SetDeadline(time.Now().Add(500 * time.Millisecond))
 	if _, err := c.Write([]byte("?")); err != nil {
 		return ""
 	}

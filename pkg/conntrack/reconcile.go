@@ -194,6 +194,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, desired *model.NodeState, ch
 	}
 	metrics.ReconcileConntrackFlowsLatency.WithLabelValues(fam).Observe(time.Since(start).Seconds())
 	metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(fam).Add(float64(total))
-	logger.V(4).Info("Reconciled conntrack entries", "ipFamily", fam, "deleted", total, "elapsed", time.Since(start))
+	logger.V(4).Info("Reconciled conntrack entries", "ipFamily", fam, "deleted", total, "elapsed", time.Since(start).Seconds())
 	return total, firstErr
 }

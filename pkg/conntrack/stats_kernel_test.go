@@ -86,7 +86,7 @@ func udpFlows(t testing.TB, network, addr string, n int) {
 		if _, err := c.Write([]byte("x")); err != nil {
 			t.Fatal(err)
 		}
-		c.Close()
+		_ = c.Close()
 	}
 }
 
@@ -104,7 +104,7 @@ func tcpConnections(t *testing.T, network, addr string, n int) {
 			if err != nil {
 				return
 			}
-			c.Close()
+			_ = c.Close()
 		}
 	}()
 	for i := 0; i < n; i++ {
@@ -112,7 +112,7 @@ func tcpConnections(t *testing.T, network, addr string, n int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Close()
+		_ = c.Close()
 	}
 }
 
@@ -124,7 +124,7 @@ func invalidTCP(t *testing.T, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	seg := make([]byte, 20)
 	binary.BigEndian.PutUint16(seg[0:], 40000) // source port
 	binary.BigEndian.PutUint16(seg[2:], 9)     // destination port

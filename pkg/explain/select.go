@@ -123,9 +123,10 @@ func selectCluster(sp *model.ServicePortView, node model.NodeView) Selection {
 		switch {
 		case !s.Fallback && e.Ready && allowedByTopology(e, mode, node):
 			d.Candidate, d.Reason, d.Detail = true, ReasonReady, "ready"
-			if mode == model.TopologyPreferSameZone {
+			switch mode {
+			case model.TopologyPreferSameZone:
 				d.Detail = "ready, hinted for this node's zone " + node.Zone
-			} else if mode == model.TopologyPreferSameNode {
+			case model.TopologyPreferSameNode:
 				d.Detail = "ready, hinted for this node"
 			}
 		case !s.Fallback && e.Ready && mode == model.TopologyPreferSameZone:

@@ -300,7 +300,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 		t.Fatalf("GET /livez: %v", err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Errorf("GET /livez: %d %s", resp.StatusCode, body)
 	}

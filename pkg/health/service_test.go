@@ -426,5 +426,5 @@ func TestRealBindConflictDoesNotStopOtherServices(t *testing.T) {
 	if err != nil {
 		t.Fatalf("port of a closed health check is not free: %v", err)
 	}
-	l.Close()
+	_ = l.Close()
 }

@@ -127,10 +127,8 @@ func BenchmarkComputeService(b *testing.B) {
 func BenchmarkStateMemory(b *testing.B) {
 	services, slices := benchCluster(10000)
 	src := benchSource(services, slices)
-	var states map[IPFamily]*NodeState
 	for b.Loop() {
 		var before, after runtime.MemStats
-		states = nil
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		tr := NewTracker(TrackerConfig{Source: src, Node: testNode})
@@ -140,13 +138,13 @@ func BenchmarkStateMemory(b *testing.B) {
 		for _, s := range slices {
 			tr.OnEndpointSliceAdd(s)
 		}
-		states, _, _ = tr.Drain()
+		states, _, _ := tr.Drain()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "retained-MiB")
 		runtime.KeepAlive(tr)
+		runtime.KeepAlive(states)
 	}
-	runtime.KeepAlive(states)
 }
 
 // cpuClock measures the process's CPU time (all threads, GC included), which on a shared

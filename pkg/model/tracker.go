@@ -256,7 +256,7 @@ func (t *Tracker) sliceEvent(old, cur *discoveryv1.EndpointSlice) {
 	}
 	t.mu.Lock()
 	if oldOK && (!curOK || oldName != curName) {
-		t.dirty[oldName] = t.dirty[oldName]
+		markDirty(t.dirty, oldName)
 	}
 	if curOK {
 		m := t.dirty[curName]
@@ -359,7 +359,7 @@ func (t *Tracker) Retry(names ...types.NamespacedName) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, name := range names {
-		t.dirty[name] = t.dirty[name]
+		markDirty(t.dirty, name)
 	}
 }
 
@@ -431,10 +431,10 @@ func (t *Tracker) Drain() (states map[IPFamily]*NodeState, changes map[IPFamily]
 	if recomputeAll {
 		for _, st := range t.states {
 			for name := range st.byService {
-				dirty[name] = dirty[name]
+				markDirty(dirty, name)
 			}
 			for name := range st.Problems {
-				dirty[name] = dirty[name]
+				markDirty(dirty, name)
 			}
 		}
 	}
@@ -676,4 +676,11 @@ func cloneNodeInfo(n NodeInfo) NodeInfo {
 	n.IPs = slices.Clone(n.IPs)
 	n.PodCIDRs = slices.Clone(n.PodCIDRs)
 	return n
+}
+
+// markDirty adds name to dirty, keeping the marks it already has.
+func markDirty(dirty map[types.NamespacedName]dirtyMark, name types.NamespacedName) {
+	if _, ok := dirty[name]; !ok {
+		dirty[name] = dirtyMark{}
+	}
 }

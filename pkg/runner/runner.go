@@ -238,7 +238,9 @@ func (r *BoundedFrequencyRunner) Loop(ctx context.Context) error {
 		next := r.cfg.MaxInterval
 		if err != nil {
 			next = r.retryAfter()
-			logger.V(2).Info("Run failed, scheduling a retry", "err", err, "retryIn", next.Seconds())
+			// The error is fn's to report (the sync loop logs it with logger.Error); here only
+			// the schedule.
+			logger.V(2).Info("Run failed, scheduling a retry", "retryIn", next.Seconds())
 		}
 		deadline = r.clock.Now().Add(next)
 		nextRun.Reset(r.untilNext(deadline))
@@ -288,13 +290,13 @@ func (r *BoundedFrequencyRunner) runOnce(ctx context.Context, logger klog.Logger
 // graceThenCancel runs when the Loop's context ends during a run: it lets the run go on
 // for StopGrace, then cancels it.
 func (r *BoundedFrequencyRunner) graceThenCancel(runCtx context.Context, cancel context.CancelFunc, logger klog.Logger) {
-	logger.Info("Stopping; letting the run in progress finish first", "graceSeconds", r.cfg.StopGrace.Seconds())
+	logger.Info("Stopping; letting the run in progress finish first", "grace", r.cfg.StopGrace.Seconds())
 	t := r.clock.NewTimer(r.cfg.StopGrace)
 	defer t.Stop()
 	select {
 	case <-runCtx.Done():
 	case <-t.C():
-		logger.Error(nil, "The run in progress did not finish within the stop grace period; cancelling it", "graceSeconds", r.cfg.StopGrace.Seconds())
+		logger.Error(nil, "The run in progress did not finish within the stop grace period; cancelling it", "grace", r.cfg.StopGrace.Seconds())
 		cancel()
 	}
 }

@@ -455,7 +455,7 @@ func (l *Loop) recordServiceOutcomes(logger klog.Logger, family model.IPFamily, 
 		wait := l.backoff(r.attempts)
 		r.next = now.Add(wait)
 		logger.Error(err, "Service could not be programmed; it keeps its last good rules and will be retried",
-			"service", klog.KRef(name.Namespace, name.Name), "attempt", r.attempts, "retryInSeconds", wait.Seconds())
+			"service", klog.KRef(name.Namespace, name.Name), "attempt", r.attempts, "retryIn", wait.Seconds())
 		if l.cfg.Reporter != nil {
 			l.cfg.Reporter.ServiceFailed(name, family, err)
 		}
@@ -514,7 +514,7 @@ func (l *Loop) reportProblems(logger klog.Logger, problems map[types.NamespacedN
 		for _, p := range list {
 			kind, _, _ := strings.Cut(p.Object, " ")
 			metrics.InputProblemsTotal.WithLabelValues(kind).Inc()
-			logger.Info("Ignoring invalid field", "service", name, "object", p.Object, "field", p.Field, "reason", p.Message)
+			logger.Info("Ignoring invalid field", "service", klog.KRef(name.Namespace, name.Name), "object", p.Object, "field", p.Field, "reason", p.Message)
 		}
 		if l.cfg.Reporter != nil {
 			l.cfg.Reporter.ServiceProblems(name, list)

@@ -192,7 +192,12 @@ func TestRetryWakesTheLoopWhenNothingElseChanges(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- h.loop.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("loop.Run: %v", err)
+		}
+	}()
 
 	h.loop.Request()
 	if err := h.backend.WaitForApplies(ctxTimeout(t), 1); err != nil {

@@ -101,19 +101,8 @@ var (
 
 func init() {
 	for _, p := range []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP} {
-		p := p
 		sharedProtocols[p] = &p
 	}
-}
-
-func sharedBool(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return &sharedTrue
-	}
-	return &sharedFalse
 }
 
 func sharedProtocol(p *v1.Protocol) *v1.Protocol {

@@ -28,7 +28,7 @@ func decodedSlice(i, eps int) *discoveryv1.EndpointSlice {
 				"app": fmt.Sprintf("svc%d", i)},
 			Annotations:     map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-12-01T10:00:00Z"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: fmt.Sprintf("svc%d", i), UID: "uid"}},
-			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: "Update", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 800)}}},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: "Update", FieldsV1: metav1.NewFieldsV1(string(make([]byte, 800)))}},
 		},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: str("http"), Protocol: &proto, Port: &port}},
@@ -58,7 +58,7 @@ func decodedService(i int) *v1.Service {
 			Labels: map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod",
 				"app.kubernetes.io/managed-by": "Helm", "helm.sh/chart": name + "-1.2.3", "app.kubernetes.io/version": "1.2.3"},
 			Annotations:   map[string]string{"meta.helm.sh/release-name": name + "-prod", "meta.helm.sh/release-namespace": "ns"},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "helm", Operation: "Update", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 400)}}},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "helm", Operation: "Update", FieldsV1: metav1.NewFieldsV1(string(make([]byte, 400)))}},
 		},
 		Spec: v1.ServiceSpec{
 			Selector:  map[string]string{"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name + "-prod"},
@@ -66,6 +66,7 @@ func decodedService(i int) *v1.Service {
 			Type: v1.ServiceTypeClusterIP, SessionAffinity: v1.ServiceAffinityNone, IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
 		},
 	}
+	//nolint:staticcheck // S1011: one append at a time on purpose, so the capacity is the decoder's
 	for _, p := range []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80}, {Name: "metrics", Protocol: v1.ProtocolTCP, Port: 9090}} {
 		s.Spec.Ports = append(s.Spec.Ports, p) // as the decoder does: one at a time
 	}

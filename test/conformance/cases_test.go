@@ -459,7 +459,7 @@ func udpFlowFollowsReplacedBackend(t *testing.T, e *env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { u.Close() })
+		t.Cleanup(func() { _ = u.Close() })
 		flows[i].udp = u
 	}
 	answeredBy := func(u *echo.UDPClient, pod string) func() error {
@@ -617,7 +617,7 @@ func udpFlowRecoversWhenEndpointsAppear(t *testing.T, e *env) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { u.Close() })
+		t.Cleanup(func() { _ = u.Close() })
 		clients[i] = u
 		e.eventually(t, f.name+" refused while the Service has no endpoints", func() error {
 			if out := u.Send(500 * time.Millisecond); out.Result != echo.Refused {
@@ -709,7 +709,7 @@ func openStream(t *testing.T, h *topology.Host, target netip.AddrPort) *stream {
 	}); err != nil {
 		t.Fatalf("%s -> %s: %v", h.Name, target, err)
 	}
-	t.Cleanup(func() { conn.Close() })
+	t.Cleanup(func() { _ = conn.Close() })
 	s := &stream{conn: conn, r: bufio.NewReader(conn)}
 	r := s.exchange(t, false)
 	s.pod = r.Pod

@@ -190,7 +190,7 @@ func (e *env) sluiceConfig(n *topology.Node) string {
 	}
 	verbosity := 2
 	if v := os.Getenv("SLUICE_V"); v != "" {
-		fmt.Sscan(v, &verbosity)
+		_, _ = fmt.Sscan(v, &verbosity)
 	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -249,7 +249,7 @@ func (e *env) waitHealthy(t *testing.T, n *topology.Node) {
 		e.requireRunning(t)
 		resp, err := client.Get(url)
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				e.waitSynced(t, n)
 				return
@@ -741,7 +741,7 @@ func httpGet(h *topology.Host, url string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	return resp.StatusCode, nil
 }
 

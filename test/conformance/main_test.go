@@ -74,13 +74,15 @@ func prepareBinaries() error {
 		cmd := exec.Command("go", "build", "-o", tmp, b.pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if msg, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp) // the build error is the one to report
 			return fmt.Errorf("building %s (set $%s to use a prebuilt one): %w\n%s", b.pkg, b.env, err, msg)
 		}
 		if err := os.Rename(tmp, out); err != nil {
 			return err
 		}
-		os.Setenv(b.env, out)
+		if err := os.Setenv(b.env, out); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -88,7 +90,8 @@ func prepareBinaries() error {
 	if err != nil {
 		return err
 	}
-	os.Setenv("KUBE_APISERVER", bins.KubeAPIServer)
-	os.Setenv("ETCD", bins.Etcd)
-	return nil
+	if err := os.Setenv("KUBE_APISERVER", bins.KubeAPIServer); err != nil {
+		return err
+	}
+	return os.Setenv("ETCD", bins.Etcd)
 }

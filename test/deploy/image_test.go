@@ -147,14 +147,14 @@ func shellWords(line string, vars map[string]string) ([]string, error) {
 	inWord := false
 	for i := 0; i < len(line); i++ {
 		c := line[i]
-		switch {
-		case c == ' ' || c == '\t':
+		switch c {
+		case ' ', '\t':
 			if inWord {
 				words = append(words, w.String())
 				w.Reset()
 				inWord = false
 			}
-		case c == '\'' || c == '"':
+		case '\'', '"':
 			end := strings.IndexByte(line[i+1:], c)
 			if end < 0 {
 				return nil, fmt.Errorf("unclosed %c", c)
@@ -166,7 +166,7 @@ func shellWords(line string, vars map[string]string) ([]string, error) {
 			w.WriteString(part)
 			inWord = true
 			i += end + 1
-		case c == '\\' || c == '`' || c == ';' || c == '|' || c == '&':
+		case '\\', '`', ';', '|', '&':
 			return nil, fmt.Errorf("shell syntax %q is beyond this parser; keep the build command simple", c)
 		default:
 			j := i

@@ -160,6 +160,7 @@ func TestEveryYAMLUnderDeployDecodesStrictly(t *testing.T) {
 					if k.APIVersion != types.KustomizationVersion {
 						t.Errorf("kustomization apiVersion %q, want %s", k.APIVersion, types.KustomizationVersion)
 					}
+					//nolint:staticcheck // SA1019: the check is that the deprecated field stays unused
 					if len(k.CommonLabels) > 0 {
 						t.Error("commonLabels rewrites selectors, which cannot change on an existing DaemonSet; use labels")
 					}

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -149,7 +150,9 @@ func collectorType(c prometheus.Collector) string {
 		return "gauge"
 	case prometheus.Counter, *prometheus.CounterVec:
 		return "counter"
-	case prometheus.Summary, *prometheus.SummaryVec:
+	// A prometheus.Summary has a Histogram's methods, so it lands in the first case; sluice
+	// exports no Summary (a *SummaryVec is still told apart).
+	case *prometheus.SummaryVec:
 		return "summary"
 	}
 	return "untyped"
@@ -166,7 +169,7 @@ func registeredMetrics(mode string) []exportedMetric {
 			metrics.Registry.Unregister(c) // it was not part of this mode
 			continue
 		}
-		if _, already := err.(prometheus.AlreadyRegisteredError); !already {
+		if !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
 			panic(fmt.Sprintf("%s: %v", name, err))
 		}
 		ch := make(chan *prometheus.Desc, 8)

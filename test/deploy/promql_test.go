@@ -36,17 +36,17 @@ func promqlMetricNames(expr string) ([]string, error) {
 	skipTo := func(j int, open, close byte) (int, error) {
 		depth := 0
 		for j < len(s) {
-			switch c := s[j]; {
-			case c == '"' || c == '\'' || c == '`':
+			switch s[j] {
+			case '"', '\'', '`':
 				end, err := skipString(s, j)
 				if err != nil {
 					return 0, err
 				}
 				j = end
 				continue
-			case c == open:
+			case open:
 				depth++
-			case c == close:
+			case close:
 				depth--
 				if depth == 0 {
 					return j + 1, nil

@@ -259,7 +259,7 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 		var taken net.Listener
 		hcPort := createLocalLoadBalancer(t, c, ns, "lb-local", func(port int32) {
 			if taken != nil { // a port the apiserver had allocated: try another
-				taken.Close()
+				_ = taken.Close()
 			}
 			var err error
 			if taken, err = net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
@@ -279,7 +279,7 @@ func TestSluiceServersAndMetrics(t *testing.T) {
 		p.waitForPort(t, "programmed", v4(ns, "lb-local", "http"), func(v *model.ServicePortView) bool {
 			return v != nil && v.HealthCheckNodePort == hcPort && len(v.LocalEndpoints) == 1
 		})
-		taken.Close()
+		_ = taken.Close()
 		// Another sync retries the listener: the endpoint changes.
 		updateSlice(t, c, ns, "lb-local-1", func(s *discoveryv1.EndpointSlice) {
 			s.Endpoints = append(s.Endpoints, readyEndpoint("10.244.13.2", nodeName))

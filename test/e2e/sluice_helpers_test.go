@@ -105,7 +105,7 @@ func freeNodePort(t *testing.T) int32 {
 		if err != nil {
 			continue
 		}
-		l.Close()
+		_ = l.Close() // only probed the port is free
 		return int32(port)
 	}
 	t.Fatal("no free port in 30000-32767 on 127.0.0.1")
@@ -160,17 +160,18 @@ func (p *sluiceProcess) start(t *testing.T, cmd *exec.Cmd) {
 	p.cmd.Stdout, p.cmd.Stderr = logFile, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
-		logFile.Close()
+		_ = logFile.Close()
 		t.Fatalf("starting sluice: %v", err)
 	}
-	go func() { p.exited <- p.cmd.Wait(); logFile.Close() }()
+	go func() { p.exited <- p.cmd.Wait(); _ = logFile.Close() }() // the child wrote through its own descriptor
 	t.Cleanup(func() {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		// Stopping at the end of a test: how sluice exited is not what this cleanup checks.
 		select {
-		case <-p.exited:
+		case <-p.exited: //nolint:errcheck // see above
 		case <-time.After(10 * time.Second):
 			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.exited
+			<-p.exited //nolint:errcheck // see above
 		}
 		if log := p.log(); strings.Contains(log, raceReport) {
 			t.Errorf("the race detector found a data race in sluice:\n%s", raceReports(log))

@@ -14,6 +14,7 @@
 package netnstest
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -65,14 +66,15 @@ func reexec() int {
 		fmt.Fprintf(os.Stderr, "netnstest: %v\n", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	report := filepath.Join(dir, "status")
 	args := append([]string{"--net", "--", os.Args[0]}, os.Args[1:]...)
 	cmd := exec.Command("unshare", args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), envMarker+"=1", envReport+"="+report)
 	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
 			return ee.ExitCode()
 		}
 		fmt.Fprintf(os.Stderr, "netnstest: re-executing in a new network namespace: %v\n", err)

@@ -45,7 +45,8 @@ func checkBinaries() error {
 	if err != nil {
 		return err
 	}
-	os.Setenv("KUBE_APISERVER", bins.KubeAPIServer)
-	os.Setenv("ETCD", bins.Etcd)
-	return nil
+	if err := os.Setenv("KUBE_APISERVER", bins.KubeAPIServer); err != nil {
+		return err
+	}
+	return os.Setenv("ETCD", bins.Etcd)
 }

@@ -94,7 +94,7 @@ func Up(ctx context.Context, opts Options) (s *Sandbox, err error) {
 	defer func() {
 		if err != nil {
 			if closeErr := s.Close(); closeErr != nil {
-				err = fmt.Errorf("%w\n(and tearing down: %v)", err, closeErr)
+				err = fmt.Errorf("%w\n(and tearing down: %w)", err, closeErr)
 			}
 			s = nil
 		}
@@ -315,7 +315,7 @@ func (s *Sandbox) waitHealthy(ctx context.Context, n *topology.Node) {
 		}
 		resp, err := client.Get(url)
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
 			}

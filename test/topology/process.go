@@ -51,13 +51,13 @@ func (h *Host) Start(procName, name string, args ...string) (*Process, error) {
 	err = cmd.Start()
 	runtime.UnlockOSThread()
 	if err != nil {
-		logFile.Close()
+		_ = logFile.Close()
 		return nil, fmt.Errorf("start %s in %s: %w", procName, h.Name, err)
 	}
 	p := &Process{Name: procName, Host: h, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
-		logFile.Close()
+		_ = logFile.Close()
 		close(p.done)
 	}()
 	c.mu.Lock()
@@ -139,7 +139,7 @@ func EchoServerBinary(t testing.TB) string {
 		cmd := exec.Command("go", "build", "-o", tmp, "github.com/sluiceproxy/sluice/test/echoserver")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			os.Remove(tmp)
+			_ = os.Remove(tmp)
 			echoBuild.err = fmt.Errorf("go build echoserver: %w: %s", err, out)
 			return
 		}
@@ -205,7 +205,7 @@ func (c *Cluster) StartEcho(t testing.TB, opts EchoOptions, pods ...*Pod) {
 			target := netip.AddrPortFrom(ip, opts.Ports[0])
 			err := waitFor(10*time.Second, func() error {
 				if exited, err := proc.Exited(); exited {
-					return fmt.Errorf("echo server in %s exited: %v\n%s", pod.Name, err, proc.Tail(20))
+					return fmt.Errorf("echo server in %s exited: %w\n%s", pod.Name, err, proc.Tail(20))
 				}
 				out := pod.Node.Probe(probeProto, target, echo.ProbeOptions{Timeout: 500 * time.Millisecond})
 				if out.Result != echo.Answered || out.Reply.Pod != pod.Name {

@@ -179,7 +179,7 @@ func New(t testing.TB, opts Options) *Cluster {
 		if t.Failed() {
 			t.Logf("topology: process logs kept in %s", c.LogDir)
 		} else if opts.LogDir == "" && os.Getenv("SLUICE_TEST_ARTIFACTS") == "" {
-			os.RemoveAll(c.LogDir)
+			_ = os.RemoveAll(c.LogDir)
 		}
 	})
 	if err := c.build(opts); err != nil {

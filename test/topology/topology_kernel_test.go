@@ -96,7 +96,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- srv.Serve(ctx) }()
-		defer func() { cancel(); <-done }()
+		defer func() { cancel(); <-done }() //nolint:errcheck // only waits for Serve to stop; the test checks the traffic
 		for _, n := range c.Nodes {
 			out := expect(t, n.Name+" -> apiserver", n.Probe(echo.TCP, netip.AddrPortFrom(c.APIAddress(), 16443), echo.ProbeOptions{}), echo.Answered)
 			if out.Result == echo.Answered && out.Reply.Remote.Addr() != n.APIAddress {
@@ -113,7 +113,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		mustRun(t, &nodeB.Host, "nft", "add", "table", "inet", "selftest")
 		mustRun(t, &nodeB.Host, "nft", "add chain inet selftest dropper { type filter hook forward priority 0 ; }")
 		mustRun(t, &nodeB.Host, "nft", "add rule inet selftest dropper ip daddr "+b0.IPv4.String()+" drop")
-		defer nodeB.Run("nft", "delete", "table", "inet", "selftest")
+		defer func() { _, _ = nodeB.Run("nft", "delete", "table", "inet", "selftest") }()
 		dropped := netip.AddrPortFrom(b0.IPv4, 8080)
 		short := echo.ProbeOptions{Timeout: 500 * time.Millisecond}
 		expect(t, "tcp to a dropped destination", a0.Probe(echo.TCP, dropped, short), echo.Timeout)
@@ -195,11 +195,11 @@ func TestTeardownRemovesWhatACrashedRunLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	waited := make(chan struct{})
-	go func() { sleeper.Wait(); close(waited) }()
+	go func() { _ = sleeper.Wait(); close(waited) }()
 	t.Cleanup(func() {
 		_ = sleeper.Process.Kill()
-		exec.Command("ip", "netns", "del", ns).Run()
-		exec.Command("ip", "link", "del", link).Run()
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+		_ = exec.Command("ip", "link", "del", link).Run()
 	})
 
 	// A run in progress (this process) must survive Teardown.

@@ -22,7 +22,7 @@ import (
 func TestMain(m *testing.M) {
 	if !InGuest() {
 		// Built with -tags vm only for the VM; outside it every check here would be wrong.
-		os.Stderr.WriteString("test/vm: these tests check the test VM; run them via hack/ipvs-vm.sh\n")
+		_, _ = os.Stderr.WriteString("test/vm: these tests check the test VM; run them via hack/ipvs-vm.sh\n")
 		os.Exit(1)
 	}
 	os.Exit(m.Run())
@@ -47,8 +47,8 @@ func TestGuestHasTheHostnameAndFilesystemsANodeHas(t *testing.T) {
 			t.Errorf("%s is not writable: %v", dir, err)
 			continue
 		}
-		f.Close()
-		os.Remove(f.Name())
+		_ = f.Close()
+		_ = os.Remove(f.Name())
 	}
 	if st, err := os.Stat("/run/netns"); err != nil || !st.IsDir() {
 		t.Errorf("/run/netns: %v; want a directory", err)
@@ -104,7 +104,7 @@ func TestGuestCreatesTheLinksAndSocketsTestsUse(t *testing.T) {
 	err := netnstest.Do(ns, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
 		if err == nil {
-			unix.Close(fd)
+			_ = unix.Close(fd)
 		}
 		return err
 	})

@@ -120,7 +120,7 @@ func (b *Backend) restore(ctx context.Context, in *restoreInput, full bool) erro
 	}
 	start := time.Now()
 	err := b.tools.Restore(ctx, in.buf.Bytes())
-	b.logger.V(4).Info("Ran iptables-restore", "lines", in.lines, "elapsed", time.Since(start), "ok", err == nil)
+	b.logger.V(4).Info("Ran iptables-restore", "lines", in.lines, "elapsed", time.Since(start).Seconds(), "ok", err == nil)
 	if err == nil {
 		for t, n := range in.rules {
 			b.stats.Rules[t] += n
@@ -683,7 +683,7 @@ func (b *Backend) blameFull(fs *fullSync, in *restoreInput, rerr error) error {
 		if fs.undeletable[owner.chain] {
 			return rerr
 		}
-		b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+		b.logger.Error(rerr, "Could not delete an unused chain, keeping it empty", "chain", owner.chain)
 		fs.undeletable[owner.chain] = true
 	case named && owner.kind == lineService:
 		fs.failed[owner.service] = rerr
@@ -800,7 +800,7 @@ func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable m
 			if !named || owner.kind != lineStale {
 				return fmt.Errorf("deleting unused chains: %w", rerr)
 			}
-			b.logger.Info("Could not delete an unused chain, keeping it empty", "chain", owner.chain, "err", rerr)
+			b.logger.Error(rerr, "Could not delete an unused chain, keeping it empty", "chain", owner.chain)
 			batch = slices.DeleteFunc(batch, func(c string) bool { return c == owner.chain })
 		}
 	}

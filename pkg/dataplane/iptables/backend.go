@@ -224,7 +224,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		b.nfacct = true
 		registerNFAcct(&nfacctCollector{client: o.nfacct, localhostNodePorts: localhostNodePortsActive(cfg)}, logger)
 	} else {
-		logger.V(2).Info("nfacct is not available, its metrics are not exported", "err", nfacctErr)
+		logger.Error(nfacctErr, "nfacct is not available, its metrics are not exported")
 	}
 
 	return b, nil
@@ -401,7 +401,7 @@ func (b *Backend) Monitor(ctx context.Context, interval time.Duration, resync fu
 		}
 		ok, err := b.canaryPresent()
 		if err != nil {
-			b.logger.V(2).Info("Could not check the iptables canary", "err", err)
+			b.logger.Error(err, "Could not check the iptables canary")
 			continue
 		}
 		if !ok {

@@ -118,7 +118,7 @@ func serve(t *testing.T, ns, name string, port int) {
 	if err != nil {
 		t.Fatalf("listening in %s: %v", ns, err)
 	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
+	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -126,7 +126,7 @@ func serve(t *testing.T, ns, name string, port int) {
 				return
 			}
 			fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr().(*net.TCPAddr).IP)
-			c.Close()
+			_ = c.Close()
 		}
 	}()
 	go func() {
@@ -136,7 +136,7 @@ func serve(t *testing.T, ns, name string, port int) {
 			if err != nil {
 				return
 			}
-			pc.WriteTo([]byte(fmt.Sprintf("%s %s\n", name, addr.(*net.UDPAddr).IP)), addr)
+			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s\n", name, addr.(*net.UDPAddr).IP)), addr)
 		}
 	}()
 }
@@ -159,7 +159,7 @@ func dial(ns, network, addr string, timeout time.Duration) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(timeout))
+	_ = c.SetDeadline(time.Now().Add(timeout))
 	if network == "udp" {
 		if _, err := c.Write([]byte("hello\n")); err != nil {
 			return "", err

@@ -20,8 +20,9 @@ import (
 type lineKind uint8
 
 const (
-	// lineGlobal: table headers, COMMIT, static rules, top-level chain declarations.
-	lineGlobal lineKind = iota
+	// The zero lineKind, so a lineOwner{}: table headers, COMMIT, static rules, top-level
+	// chain declarations.
+	_ lineKind = iota
 	// lineService: a Service's chain declaration or rule.
 	lineService
 	// lineDelete: a `-D` of a Service's top-level rule. It fails only when the kernel does

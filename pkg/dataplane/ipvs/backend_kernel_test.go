@@ -119,9 +119,9 @@ func newTopology(t *testing.T, pods int) *topology {
 			}
 		}
 		for _, l := range append(podLinks, clientLink) {
-			exec.Command("ip", "link", "del", l).Run()
+			_ = exec.Command("ip", "link", "del", l).Run()
 		}
-		exec.Command("conntrack", "-F").Run()
+		_ = exec.Command("conntrack", "-F").Run()
 	})
 	return tp
 }
@@ -142,7 +142,7 @@ func servePod(t *testing.T, ns, name string) {
 		t.Fatalf("serving in %s: %v", ns, err)
 	}
 	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); pc.Close(); wg.Wait() })
+	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close(); wg.Wait() })
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -174,7 +174,7 @@ func servePod(t *testing.T, ns, name string) {
 				return
 			}
 			host, _, _ := net.SplitHostPort(from.String())
-			pc.WriteTo([]byte(name+" "+host), from)
+			_, _ = pc.WriteTo([]byte(name+" "+host), from)
 		}
 	}()
 }
@@ -196,7 +196,7 @@ func dial(ns string, src netip.Addr, to string, timeout time.Duration) (net.Conn
 
 // ask sends one line over c and returns the answer ("pod1 203.0.113.2").
 func ask(c net.Conn) (string, error) {
-	c.SetDeadline(time.Now().Add(3 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := io.WriteString(c, "hello\n"); err != nil {
 		return "", err
 	}
@@ -247,7 +247,7 @@ func refusal(ns, network, to string) (time.Duration, error) {
 			return err
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(3 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 		if network == "udp" {
 			if _, err := c.Write([]byte("hello")); err != nil {
 				return err
@@ -282,7 +282,7 @@ func udpAsk(ns, to string) (string, error) {
 	defer c.Close()
 	buf := make([]byte, 200)
 	for range 3 {
-		c.SetDeadline(time.Now().Add(time.Second))
+		_ = c.SetDeadline(time.Now().Add(time.Second))
 		if _, err := c.Write([]byte("hello")); err != nil {
 			return "", err
 		}
@@ -310,7 +310,7 @@ func newKernelBackend(t *testing.T, settings Settings) *Backend {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() { _ = b.Close() })
 	return b
 }
 
@@ -518,8 +518,8 @@ func TestKernelGracefulTermination(t *testing.T) {
 	}
 	// The connection ends (reset: IPVS forgets a reset connection after 10 s, one closed
 	// with FIN only after TIME_WAIT's 2 minutes); a sync after that deletes the real server.
-	conn.(*net.TCPConn).SetLinger(0)
-	conn.Close()
+	_ = conn.(*net.TCPConn).SetLinger(0)
+	_ = conn.Close()
 	deadline := time.Now().Add(40 * time.Second)
 	for {
 		kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(stays)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.2.2:5353"))), changed())
@@ -872,7 +872,7 @@ func TestKernelSCTP(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(s.Close)
-		go s.Serve(ctx)
+		go func() { _ = s.Serve(ctx) }()
 	}
 	b := newKernelBackend(t, Settings{})
 	sp := svcPort("ns/sctp", "10.96.11.10", 80, sctp, nodePort(30111), endpoints("10.244.1.2:9000", "10.244.2.2:9000"))
@@ -881,10 +881,12 @@ func TestKernelSCTP(t *testing.T) {
 		seen := map[string]int{}
 		for range 4 {
 			var out echo.Outcome
-			netnstest.Do(tp.client, func() error {
+			if err := netnstest.Do(tp.client, func() error {
 				out = echo.Probe(ctx, echo.SCTP, netip.MustParseAddrPort(target), echo.ProbeOptions{Timeout: 3 * time.Second})
 				return nil
-			})
+			}); err != nil {
+				t.Fatal(err)
+			}
 			if out.Result != echo.Answered {
 				t.Fatalf("SCTP to %s: %s", target, out)
 			}

@@ -56,7 +56,7 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() { _ = b.Close() })
 	h := loopharness.New(t, loopharness.Config{Backends: []dataplane.Backend{b}, SyncPeriod: time.Second,
 		Node: model.NodeInfo{Name: nodeName, IPs: []netip.Addr{kNodeIP}}})
 	h.Set(loopharness.Service("ns", "web", "10.96.8.10", 80), loopharness.EndpointSlice("ns", "web", 8080, "10.244.1.2"),

@@ -311,16 +311,16 @@ func serveName(t *testing.T, ns, addr, name string) {
 	}); err != nil {
 		t.Fatalf("listening on %s in %s: %v", addr, ns, err)
 	}
-	t.Cleanup(func() { ln.Close() })
+	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
 			conn, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			conn.SetDeadline(time.Now().Add(5 * time.Second))
-			io.WriteString(conn, name)
-			conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.WriteString(conn, name)
+			_ = conn.Close()
 		}
 	}()
 }
@@ -336,7 +336,7 @@ func fetch(t *testing.T, ns, addr string) string {
 			return err
 		}
 		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 		reply, err = io.ReadAll(conn)
 		return err
 	})

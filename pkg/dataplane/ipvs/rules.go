@@ -37,9 +37,6 @@ func (r *ruleset) text() string {
 	return strings.Join(r.nat, "\n") + "\n--\n" + strings.Join(r.filter, "\n")
 }
 
-// numRules counts the rules per table (for the rule-count metrics).
-func (r *ruleset) numRules() (nat, filter int) { return len(r.nat), len(r.filter) }
-
 // masqueradeMark formats the mark bit as upstream's ipvs mode does ("%#08x": 0x00004000 for
 // bit 14; Go does not count the 0x in the width).
 func masqueradeMark(bit int) string { return fmt.Sprintf("%#08x", uint32(1)<<uint(bit)) }

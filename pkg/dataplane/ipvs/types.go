@@ -207,16 +207,6 @@ func sortedAddrs(m map[netip.Addr]bool) []netip.Addr {
 	return out
 }
 
-func familyOfAF(af uint16) (model.IPFamily, bool) {
-	switch af {
-	case unix.AF_INET:
-		return model.IPv4, true
-	case unix.AF_INET6:
-		return model.IPv6, true
-	}
-	return 0, false
-}
-
 func afOf(f model.IPFamily) uint8 {
 	if f == model.IPv6 {
 		return unix.AF_INET6

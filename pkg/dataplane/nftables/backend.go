@@ -89,9 +89,6 @@ func WithLocalAddresses(fn func() ([]netip.Addr, error)) Option {
 // WithClock replaces time.Now.
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
-// withoutValidation lets a bad Service reach the kernel (tests of failure isolation).
-func withoutValidation() Option { return func(o *options) { o.skipValidation = true } }
-
 // withPlanRecording keeps each Apply's plan (tests).
 func withPlanRecording() Option { return func(o *options) { o.recordPlan = true } }
 
@@ -129,7 +126,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		return nil, err
 	}
 	if err := checkNFTables(c); err != nil {
-		c.close()
+		_ = c.close() // the check's error is the one to report
 		return nil, err
 	}
 	rc, err := openConn()

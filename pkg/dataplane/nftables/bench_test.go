@@ -200,7 +200,7 @@ func benchFirstPacket(b *testing.B, n int, counted bool) {
 				return err
 			}
 			samples = append(samples, time.Since(start))
-			c.Close()
+			_ = c.Close()
 		}
 		return nil
 	})
@@ -274,10 +274,9 @@ func TestHelperColdSyncRSS(t *testing.T) {
 		t.Fatal(res.Err)
 	}
 	if path := os.Getenv("SLUICE_RSS_HEAP_PROFILE"); path != "" {
-		runtime.GC()
-		f, _ := os.Create(path)
-		_ = pprof.WriteHeapProfile(f)
-		f.Close()
+		if err := writeHeapProfile(path); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fmt.Printf("after-cold %d\n", statusKiB("VmHWM"))
 	fmt.Printf("heap-after-cold %d\n", liveHeapKiB())
@@ -310,10 +309,9 @@ func TestHelperColdSyncRSS(t *testing.T) {
 	<-sampled
 	fmt.Printf("VmHWM %d\n", statusKiB("VmHWM"))
 	if path := os.Getenv("SLUICE_RSS_HEAP_PROFILE"); path != "" {
-		runtime.GC()
-		f, _ := os.Create(path + ".resync")
-		_ = pprof.WriteHeapProfile(f)
-		f.Close()
+		if err := writeHeapProfile(path + ".resync"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fmt.Printf("heap-peak %d\n", peakHeapKiB)
 	runtime.KeepAlive(ns)
@@ -321,6 +319,20 @@ func TestHelperColdSyncRSS(t *testing.T) {
 }
 
 // liveHeapKiB collects garbage and returns the heap in use: what the process holds.
+// writeHeapProfile writes a heap profile (after a GC) to path, for SLUICE_RSS_HEAP_PROFILE.
+func writeHeapProfile(path string) error {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("heap profile %s: %w", path, err)
+	}
+	return f.Close()
+}
+
 func liveHeapKiB() int {
 	runtime.GC()
 	var ms runtime.MemStats

@@ -37,7 +37,7 @@ func newTestBackend(t testing.TB, cfg dataplane.Config, opts ...Option) *Backend
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { b.Close() })
+	t.Cleanup(func() { _ = b.Close() })
 	return b
 }
 

@@ -91,7 +91,7 @@ func openConn() (*conn, error) {
 		return nil, fmt.Errorf("open netlink socket: %w", err)
 	}
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd) // the bind error is the one to report
 		return nil, fmt.Errorf("bind netlink socket: %w", err)
 	}
 	// Errors carry only the header of the failed message (we need its sequence number),

@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 )
 
@@ -69,17 +68,6 @@ func (r *rule) String(f *family) string {
 		b.WriteString(strconv.Quote(r.comment))
 	}
 	return b.String()
-}
-
-func (r *rule) compile(f *family) *compiled {
-	c := &compiled{}
-	for _, t := range r.terms {
-		t.compile(f, c)
-	}
-	if r.comment != "" {
-		c.udata = userdata.AppendString(nil, userdata.TypeComment, truncateComment(r.comment))
-	}
-	return c
 }
 
 // hashInto adds the set's kind and content, in key order, to a fingerprint.
@@ -596,60 +584,6 @@ func (d dnatTo) compile(f *family, c *compiled) {
 			RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: 2, RegProtoMax: 2, Specified: true})
 }
 
-// dnatNumgen is "dnat ip addr . port to numgen random mod N map { 0 : a . p, ... }":
-// one random endpoint per new connection, chosen in the kernel by one map lookup.
-type dnatNumgen struct{ to []netip.AddrPort }
-
-func (d dnatNumgen) render(f *family, b *strings.Builder) {
-	b.WriteString("dnat " + f.name + " addr . port to numgen random mod " + itoa(len(d.to)) + " map { ")
-	for i, ap := range d.to {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(itoa(i) + " : " + ap.Addr().String() + " . " + itoa(int(ap.Port())))
-	}
-	b.WriteString(" }")
-}
-
-func (d dnatNumgen) compile(f *family, c *compiled) {
-	c.anon = d.anon(f)
-	c.exprs = append(c.exprs,
-		&expr.Numgen{Register: 1, Modulus: uint32(len(d.to)), Type: unix.NFT_NG_RANDOM},
-		&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.natFamily(),
-			RegAddrMin: 1, RegAddrMax: 1, RegProtoMin: f.regMapPort, RegProtoMax: f.regMapPort, Specified: true})
-}
-
-// anon builds the map from random numbers to endpoints, with one allocation for every
-// key and value.
-func (d dnatNumgen) anon(f *family) *anonSet {
-	set := &anonSet{
-		flags:   unix.NFT_SET_ANONYMOUS | unix.NFT_SET_CONSTANT | unix.NFT_SET_MAP,
-		keyType: typeInteger, keyLen: 4,
-		dataType: concatType(f.addrType, typeInetService), dataLen: uint32(f.addrLn) + 4,
-	}
-	dl := f.addrLn + 4
-	buf := make([]byte, len(d.to)*(4+dl))
-	set.elems = make([]anonElem, len(d.to))
-	for i, ap := range d.to {
-		key := buf[:4:4]
-		binary.NativeEndian.PutUint32(key, uint32(i))
-		data := buf[4 : 4+dl : 4+dl]
-		a := ap.Addr()
-		if f.addrLn == 4 {
-			a4 := a.Unmap().As4()
-			copy(data, a4[:])
-		} else {
-			a16 := a.As16()
-			copy(data, a16[:])
-		}
-		data[f.addrLn], data[f.addrLn+1] = byte(ap.Port()>>8), byte(ap.Port())
-		set.elems[i] = anonElem{key: key, data: data}
-		buf = buf[4+dl:]
-	}
-	return set
-}
-
 // dnatMap is "dnat ip addr . port to numgen random mod 1048576 offset B map
 // @endpoints-XX": a random number in the chain's block B..B+endpointBlockSize-1 of the
 // interval map, whose ranges split the block evenly among the chain's endpoints (see
@@ -812,6 +746,5 @@ func (hairpinMatch) constKey() string          { return "hairpin" }
 func (rejectTerm) constKey() string            { return "reject" }
 func (tcpResetTerm) constKey() string          { return "tcpreset" }
 func (m fibLocal) constKey() string            { return "fiblocal/" + m.dir.String() }
-func (d dnatNumgen) constKey() string          { return "dnatnumgen/" + itoa(len(d.to)) }
 func (v numgenVmap) constKey() string          { return "numgenvmap/" + itoa(len(v.chains)) }
 func (n numgenIsZero) constKey() string        { return "numgeniszero/" + itoa(n.mod) }

@@ -515,11 +515,3 @@ func renderValue(f *family, value string) string {
 	a, _ := netip.AddrFromSlice(b[:f.addrLn])
 	return a.String() + " . " + itoa(int(b[f.addrLn])<<8|int(b[f.addrLn+1]))
 }
-
-// verdictTarget returns the chain an element value jumps or goes to, or "".
-func verdictTarget(value string) string {
-	if _, chain, ok := strings.Cut(value, " "); ok {
-		return chain
-	}
-	return ""
-}

@@ -547,7 +547,7 @@ func BenchmarkSharedLayout(b *testing.B) {
 			if connects > 0 {
 				protoFirstPacket(b, tp, fmt.Sprintf("services=%d/layout=%s/first-packet", n, layout), firstPacket, connects)
 			}
-			be.Close()
+			_ = be.Close()
 		}
 	}
 	resetTable(b)
@@ -579,7 +579,7 @@ func protoFirstPacket(b *testing.B, tp *topology, name string, dst netip.AddrPor
 				return err
 			}
 			samples = append(samples, time.Since(start))
-			c.Close()
+			_ = c.Close()
 		}
 		return nil
 	})

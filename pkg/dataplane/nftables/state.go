@@ -122,15 +122,6 @@ func compareIntervalElems(a, b intervalElem) int {
 	return 1
 }
 
-// find returns the element at v (the end one if end), if present.
-func (es intervalElems) find(v uint32, end bool) (*intervalElem, bool) {
-	i, ok := slices.BinarySearchFunc(es, intervalElem{v: v, end: end}, compareIntervalElems)
-	if !ok {
-		return nil, false
-	}
-	return &es[i], true
-}
-
 // inBlock returns the elements of the block at base, in order: starts in [base, base+S),
 // ends in (base, base+S].
 func (es intervalElems) inBlock(base uint32) intervalElems {

@@ -49,7 +49,6 @@ var (
 	clientIP      = netip.MustParseAddr("192.168.0.10")
 	clientIP2     = netip.MustParseAddr("192.168.0.11")
 	clientIPv6    = netip.MustParseAddr("2001:db8::10")
-	clientIPv6b   = netip.MustParseAddr("2001:db8::11")
 	podGatewayV4  = "192.168.1.1"
 	podGatewayV6  = "fd00:1::1"
 	topologyMutex sync.Mutex
@@ -158,7 +157,7 @@ func (tp *topology) serve(p *pod, port int) {
 	if err != nil {
 		t.Fatalf("serve in %s: %v", p.name, err)
 	}
-	t.Cleanup(func() { ln.Close(); pc.Close() })
+	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -275,9 +274,9 @@ func classify(err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
-		return fmt.Errorf("%w: %v", errRejected, err)
+		return fmt.Errorf("%w: %w", errRejected, err)
 	case errors.As(err, &ne) && ne.Timeout():
-		return fmt.Errorf("%w: %v", errDropped, err)
+		return fmt.Errorf("%w: %w", errDropped, err)
 	}
 	return err
 }

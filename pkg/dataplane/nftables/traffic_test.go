@@ -363,7 +363,7 @@ func TestRestartWithoutDisruption(t *testing.T) {
 		if st := b2.LastStats(); st.Operations != 0 {
 			t.Errorf("restart planned %d operations over an up-to-date table:\n%s", st.Operations, b2.lastPlan)
 		}
-		b2.Close()
+		_ = b2.Close()
 		time.Sleep(50 * time.Millisecond)
 	}
 	p.finish(t)

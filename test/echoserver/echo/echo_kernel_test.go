@@ -59,7 +59,7 @@ func TestProbeClassifiesWhatTheClientReceives(t *testing.T) {
 	run(t, "nft add chain inet echotest input { type filter hook input priority 0 ; }")
 	run(t, "nft add rule inet echotest input ip daddr 127.0.0.2 drop")
 	run(t, "ip route add unreachable 10.99.0.0/24")
-	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "echotest").Run() })
+	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", "echotest").Run() })
 
 	// Only the cases that expect a timeout wait the short time; an answer, a refusal or an
 	// unreachable error gets a long one, since in the emulated VM on a busy host a connection

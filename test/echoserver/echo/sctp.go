@@ -22,7 +22,7 @@ func SCTPSupported() bool {
 	if err != nil {
 		return false
 	}
-	unix.Close(fd)
+	_ = unix.Close(fd)
 	return true
 }
 
@@ -72,7 +72,7 @@ func probeSCTP(ctx context.Context, target netip.AddrPort, source netip.Addr) Ou
 	}
 	if source.IsValid() {
 		if err := unix.Bind(fd, toSockaddr(netip.AddrPortFrom(source, 0))); err != nil {
-			unix.Close(fd)
+			_ = unix.Close(fd)
 			return Outcome{Result: Failed, Err: fmt.Errorf("bind %s: %w", source, err)}
 		}
 	}
@@ -145,11 +145,11 @@ func listenSCTP(addr netip.AddrPort) (*sctpListener, error) {
 	}
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1)
 	if err := unix.Bind(fd, toSockaddr(addr)); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, fmt.Errorf("bind sctp %s: %w", addr, err)
 	}
 	if err := unix.Listen(fd, 128); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, fmt.Errorf("listen sctp %s: %w", addr, err)
 	}
 	return &sctpListener{f: os.NewFile(uintptr(fd), "sctp-listener")}, nil
@@ -176,7 +176,7 @@ func (l *sctpListener) accept() (*os.File, netip.AddrPort, netip.AddrPort, error
 	}
 	local, err := unix.Getsockname(nfd)
 	if err != nil {
-		unix.Close(nfd)
+		_ = unix.Close(nfd)
 		return nil, netip.AddrPort{}, netip.AddrPort{}, fmt.Errorf("getsockname: %w", err)
 	}
 	return os.NewFile(uintptr(nfd), "sctp-conn"), fromSockaddr(local), fromSockaddr(remote), nil

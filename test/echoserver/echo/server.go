@@ -118,7 +118,7 @@ func (s *Server) listen(proto Protocol, addr netip.AddrPort) error {
 		}
 		pl, err := newPacketListener(c, addr)
 		if err != nil {
-			c.Close()
+			_ = c.Close()
 			return err
 		}
 		s.packets = append(s.packets, pl)
@@ -194,10 +194,10 @@ func (s *Server) Serve(ctx context.Context) error {
 // Close closes every listener.
 func (s *Server) Close() {
 	for _, l := range s.streams {
-		l.Close()
+		_ = l.Close()
 	}
 	for _, l := range s.packets {
-		l.conn.Close()
+		_ = l.conn.Close()
 	}
 }
 

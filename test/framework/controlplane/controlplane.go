@@ -129,7 +129,7 @@ func Start(ctx context.Context, o Options) (*ControlPlane, error) {
 	}
 	if err := cp.start(ctx, o.LogDir); err != nil {
 		if stopErr := cp.Stop(); stopErr != nil {
-			err = fmt.Errorf("%w (and cleaning up: %v)", err, stopErr)
+			err = fmt.Errorf("%w (and cleaning up: %w)", err, stopErr)
 		}
 		return nil, err
 	}
@@ -418,7 +418,7 @@ func waitReady(ctx context.Context, p *process, timeout time.Duration, url strin
 	started := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	last := "no answer yet"
+	var last string // the last answer (each round sets it before it is read)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {

@@ -49,7 +49,7 @@ func TestWaitReadyTimeoutCarriesTheLastAnswerAndLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.stop(time.Second)
+	defer func() { _ = p.stop(time.Second) }()
 	time.Sleep(100 * time.Millisecond) // let it write its line
 	err = waitReady(context.Background(), p, 300*time.Millisecond, "https://127.0.0.1:1/readyz", &http.Client{Transport: unreachable{}}, func(int, string) bool { return true })
 	if err == nil {

@@ -31,7 +31,7 @@ func startProcess(name, binary string, args []string, logPath string) (*process,
 	if err != nil {
 		return nil, fmt.Errorf("opening %s log: %w", name, err)
 	}
-	defer logFile.Close() // the child holds its own descriptor
+	defer func() { _ = logFile.Close() }() // the child holds its own descriptor
 	fmt.Fprintf(logFile, "==== %s: starting %s %s\n", time.Now().Format(time.RFC3339Nano), binary, strings.Join(args, " "))
 	offset, err := logFile.Seek(0, io.SeekEnd)
 	if err != nil {
