@@ -273,9 +273,6 @@ func (t *tracedTable) runRule(tb testing.TB, r rule, p *packetState, depth int) 
 		case dnatTo:
 			p.dnat(x.to)
 			return "accept", true
-		case dnatNumgen:
-			p.dnat(x.to[int(p.random)%len(x.to)])
-			return "accept", true
 		case *dnatMap:
 			to, ok := t.endpointFor(x, p.random)
 			if !ok {
