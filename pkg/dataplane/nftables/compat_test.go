@@ -27,7 +27,7 @@ func TestTablesWrittenByNftConverge(t *testing.T) {
 	for _, v := range planVariants {
 		t.Run(v.name, func(t *testing.T) {
 			resetTable(t)
-			script, err := Render(examples(v.family), v.config(), RenderOptions{LocalAddresses: testLocalAddrs})
+			script, err := Render(v.state(), v.config(), RenderOptions{LocalAddresses: testLocalAddrs})
 			if err != nil {
 				t.Fatalf("Render: %v", err)
 			}
