@@ -131,7 +131,7 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 	}
 	rc, err := openConn()
 	if err != nil {
-		c.close()
+		_ = c.close() // opening the counters' socket failed: that is the error to report
 		return nil, err
 	}
 	f := familyOf(cfg.Family)
