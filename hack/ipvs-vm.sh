@@ -59,10 +59,11 @@ SUITES=(
 # counts them in the guest; a suite below its floor fails like a failing test); raise them
 # with the tests. A suite missing here fails the run. SLUICE_VM_TESTFLAGS lifts the floors (a
 # narrowed run). Counted (2026-12-02) from what each suite runs where every feature is there:
-# ipvs 53 tests and 53 subtests less TestKernelNewFailsWithoutIPVS (skips where IPVS is);
+# ipvs 108 tests and subtests less TestKernelNewFailsWithoutIPVS (skips where IPVS is; main
+# 0d070b0);
 # vm 11; echo 8 tests and 10 subtests; conformance-ipvs TestConformance and its 26 cases;
 # sctp-* TestConformance and its SCTP case.
-declare -A SUITE_FLOOR=([ipvs]=105 [vm]=11 [echo]=18 [conformance-ipvs]=27 [sctp-iptables]=2 [sctp-nftables]=2)
+declare -A SUITE_FLOOR=([ipvs]=108 [vm]=11 [echo]=18 [conformance-ipvs]=27 [sctp-iptables]=2 [sctp-nftables]=2)
 
 # What the guest has (test/require): a test that finds one of these missing fails.
 VM_REQUIRE="${SLUICE_VM_REQUIRE:-root,ipv6,sctp,ipvs,ipset,iptables-legacy,iptables-nft,nft,loopback}"
