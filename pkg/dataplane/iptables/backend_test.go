@@ -61,29 +61,29 @@ func TestPartialSyncsConvergeToFullSync(t *testing.T) {
 				changed []string
 			}{
 				{"endpoint replaced", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.1.1", node: "node1"}, ep{ip: "10.0.2.99", node: "node2"}))
+					w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}, ep{ip: "10.180.2.99", node: "node2"}))
 				}, []string{"ns1/svc1"}},
 				{"scaled to zero", func() { w.set(svc("ns1", "svc1", "172.30.0.41"), nil) }, []string{"ns1/svc1"}},
 				{"scaled up from zero", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.2.1", node: "node2"}))
+					w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
 				}, []string{"ns1/svc1"}},
 				{"became a LoadBalancer with source ranges and Local policy", func() {
 					w.set(svc("ns1", "svc1", "172.30.0.41", loadBalancer(3099, "5.6.7.99"), etpLocal(30099), sourceRanges("10.9.0.0/16")),
-						slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.1.1", node: "node1"}, ep{ip: "10.0.2.1", node: "node2"}))
+						slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}, ep{ip: "10.180.2.1", node: "node2"}))
 				}, []string{"ns1/svc1"}},
 				{"local endpoint went away", func() {
 					w.set(svc("ns1", "svc1", "172.30.0.41", loadBalancer(3099, "5.6.7.99"), etpLocal(30099), sourceRanges("10.9.0.0/16")),
-						slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.2.1", node: "node2"}))
+						slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
 				}, []string{"ns1/svc1"}},
 				{"affinity added", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41", affinity(60)), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.2.1", node: "node2"}))
+					w.set(svc("ns1", "svc1", "172.30.0.41", affinity(60)), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
 				}, []string{"ns1/svc1"}},
 				{"two Services at once, one deleted", func() {
 					w.remove("ns3", "svc3")
-					w.set(svc("ns2", "svc2", "172.30.0.42", nodePort(3002)), slice("ns2", "svc2", 80, tcp, ep{ip: "10.0.1.2", node: "node1"}))
+					w.set(svc("ns2", "svc2", "172.30.0.42", nodePort(3002)), slice("ns2", "svc2", 80, tcp, ep{ip: "10.180.1.2", node: "node1"}))
 				}, []string{"ns3/svc3", "ns2/svc2"}},
 				{"new Service", func() {
-					w.add(svc("ns20", "new", "172.30.0.120", externalIPs("192.168.99.20")), slice("ns20", "new", 80, tcp, ep{ip: "10.0.2.120", node: "node2"}))
+					w.add(svc("ns20", "new", "172.30.0.120", externalIPs("192.168.99.20")), slice("ns20", "new", 80, tcp, ep{ip: "10.180.2.120", node: "node2"}))
 				}, []string{"ns20/new"}},
 				{"no-op change", func() {}, []string{"ns20/new"}},
 			}
@@ -153,7 +153,7 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 			w := featureWorld()
 			b, k, _ := newTestBackend(t, cfg, flavour)
 			reject := func(table, chain string, r *fakeRule) bool {
-				return strings.Contains(r.spec, "10.0.2.3:80") || strings.Contains(r.spec, "10.0.2.33:80")
+				return strings.Contains(r.spec, "10.180.2.3:80") || strings.Contains(r.spec, "10.180.2.33:80")
 			}
 			k.rejectAtCommit = reject
 
@@ -168,19 +168,19 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 			assertConsistent(t, k)
 			env := &traceEnv{k: k, localAddrs: testLocalAddrs}
 			runPacketFlowTests(t, env, []packetFlowTest{
-				{name: "other Service works", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.0.1.1:80, 10.0.2.1:80"},
+				{name: "other Service works", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.180.1.1:80, 10.180.2.1:80"},
 				{name: "failed Service is not programmed", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "local"},
 			})
 
 			// The next sync retries it (the loop marks it changed): still failing, still
 			// alone, and partial.
-			w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.2.77", node: "node2"}))
+			w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.77", node: "node2"}))
 			res = b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3", "ns1/svc1"))
 			if res.Err != nil || res.Full || len(res.Failed) != 1 || res.Failed[bad] == nil {
 				t.Fatalf("retry: Err=%v Full=%v Failed=%v", res.Err, res.Full, res.Failed)
 			}
 			runPacketFlowTests(t, env, []packetFlowTest{
-				{name: "changed Service programmed", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.0.2.77:80"},
+				{name: "changed Service programmed", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.180.2.77:80"},
 			})
 
 			// Fixed (the kernel accepts it now): programmed by the next partial sync.
@@ -190,23 +190,23 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 				t.Fatalf("recovery sync was full")
 			}
 			runPacketFlowTests(t, env, []packetFlowTest{
-				{name: "recovered", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.0.2.3:80"},
+				{name: "recovered", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.180.2.3:80"},
 			})
 
 			// A working Service whose update the kernel refuses keeps its last good rules,
 			// through the partial sync that failed and through full syncs (which the sync
 			// loop gives its last good version while it waits for its retry).
 			lastGood := w.state(model.IPv4)
-			k.rejectAtCommit = func(table, chain string, r *fakeRule) bool { return strings.Contains(r.spec, "10.0.2.33:80") }
-			w.set(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.0.2.33", node: "node2"}))
+			k.rejectAtCommit = func(table, chain string, r *fakeRule) bool { return strings.Contains(r.spec, "10.180.2.33:80") }
+			w.set(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.180.2.33", node: "node2"}))
 			res = b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3"))
 			if res.Err != nil || res.Failed[bad] == nil {
 				t.Fatalf("update: Err=%v Failed=%v", res.Err, res.Failed)
 			}
 			assertConsistent(t, k)
 			runPacketFlowTests(t, env, []packetFlowTest{
-				{name: "failed update keeps the last good rules", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.0.2.3:80"},
-				{name: "others untouched", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.0.2.77:80"},
+				{name: "failed update keeps the last good rules", pkt: packet{src: podHere, dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.180.2.3:80"},
+				{name: "others untouched", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.180.2.77:80"},
 			})
 			if d := diffRuleSets(fromScratch(t, cfg, flavour, lastGood), ruleSet(k)); d != "" {
 				t.Fatalf("kernel differs from a full sync of the last good version:\n%s", d)
@@ -257,7 +257,7 @@ func TestHalfTakenUpdateIsWrittenBack(t *testing.T) {
 			}
 			env := &traceEnv{k: k, localAddrs: testLocalAddrs}
 			runPacketFlowTests(t, env, []packetFlowTest{
-				{name: "last good rules", pkt: packet{src: a("10.0.1.99"), dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.0.2.3:80"},
+				{name: "last good rules", pkt: packet{src: a("10.180.1.99"), dst: a("172.30.0.43"), dport: 80, iif: "veth1"}, output: "10.180.2.3:80"},
 			})
 
 			// Fixed: the retry programs the update.
@@ -299,7 +299,7 @@ func TestDriftIsRepairedByAFullSync(t *testing.T) {
 	k.mu.Unlock()
 
 	// The next change of svc1 deletes that rule: the -D fails.
-	w.set(svc("ns1", "svc1", "172.30.0.141", externalIPs("192.168.99.1")), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.2.1", node: "node2"}))
+	w.set(svc("ns1", "svc1", "172.30.0.141", externalIPs("192.168.99.1")), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
 	res := mustApply(t, b, w.state(model.IPv4), changed("ns1/svc1"))
 	if !res.Full {
 		t.Fatalf("drift was not answered by a full sync")

@@ -60,18 +60,18 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 			h.Set(loopharness.Service("ns", "web", "172.30.0.10", 80), loopharness.EndpointSlice("ns", "web", 80, kPodA),
 				loopharness.Service("ns", "other", "172.30.0.11", 80), loopharness.EndpointSlice("ns", "other", 80, kPodA))
 			h.Start(t)
-			loopharness.Eventually(t, "web programmed", 10*time.Second, answers(top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1"))
+			loopharness.Eventually(t, "web programmed", 10*time.Second, answers(top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1"))
 
 			// The update is rejected: web keeps its last good rules.
 			h.Set(loopharness.EndpointSlice("ns", "web", 80, kPodB))
 			st := h.WaitFor(t, "web's update rejected", 10*time.Second, func(st syncloop.FamilyStatus) bool { return st.Failed[web.String()] != "" })
 			t.Logf("rejected: %s", st.Failed[web.String()])
-			expect(t, "web keeps its last good rules", top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1")
+			expect(t, "web keeps its last good rules", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1")
 
 			// Another Service's change goes through meanwhile.
 			h.Set(loopharness.EndpointSlice("ns", "other", 80, kPodB))
-			loopharness.Eventually(t, "other programmed", 10*time.Second, answers(top.client, "tcp", "172.30.0.11:80", "pod-b 10.0.2.1"))
-			expect(t, "web still on its last good rules", top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1")
+			loopharness.Eventually(t, "other programmed", 10*time.Second, answers(top.client, "tcp", "172.30.0.11:80", "pod-b 10.180.2.1"))
+			expect(t, "web still on its last good rules", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1")
 
 			// Retried on its own (1 s, then 2 s after the failure), still rejected, still served.
 			first := h.Reports.Failed(web)
@@ -81,13 +81,13 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 				}
 				return ""
 			})
-			expect(t, "web served by its last good rules between retries", top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1")
+			expect(t, "web served by its last good rules between retries", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1")
 
 			// The kernel takes it now: the next retry programs it.
 			broken.Store(false)
-			loopharness.Eventually(t, "web recovered", 15*time.Second, answers(top.client, "tcp", "172.30.0.10:80", "pod-b 10.0.2.1"))
+			loopharness.Eventually(t, "web recovered", 15*time.Second, answers(top.client, "tcp", "172.30.0.10:80", "pod-b 10.180.2.1"))
 			h.WaitFor(t, "web no longer failing", 5*time.Second, func(st syncloop.FamilyStatus) bool { return len(st.Failed) == 0 })
-			expect(t, "other unaffected", top.client, "tcp", "172.30.0.11:80", "pod-b 10.0.2.1")
+			expect(t, "other unaffected", top.client, "tcp", "172.30.0.11:80", "pod-b 10.180.2.1")
 		})
 	}
 }
@@ -100,7 +100,7 @@ func TestKernelDriftRepairsAreCounted(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
 			top := newTopology(t)
-			w := kWorld("192.168.100.0/24")
+			w := kWorld("192.168.0.0/24")
 			b := newKernelBackend(t, f)
 			kApply(t, b, w.kstate(), full())
 			before := driftCounts()

@@ -4,9 +4,9 @@ package iptables
 // and the change builders are the shared fixture's (pkg/dataplane/internal/fixture); the
 // rest is this package's own, as its golden files were written with it:
 //
-//	node "node1", IPs 192.168.0.2 and fd00:192:168::2 (and 127.0.0.1, ::1 local)
+//	node "node1", IPs 192.168.0.2 and 2001:db8::1 (and 127.0.0.1, ::1 local)
 //	cluster (pod) CIDR 10.0.0.0/8 and fd00:10::/64; pods here 10.0.1.x, elsewhere 10.0.2.x
-//	ClusterIPs 172.30.0.0/16 and fd00:172:30::/64
+//	ClusterIPs 172.30.0.0/16 and fd00:172:30::/112
 //	externalIPs 192.168.99.0/24, LoadBalancer IPs 5.6.7.0/24
 //	masquerade bit 14 (mark 0x004000)
 
@@ -35,9 +35,9 @@ const testNodeName = "node1"
 
 var (
 	testNodeIPv4 = fixture.NodeIPv4
-	testNodeIPv6 = netip.MustParseAddr("fd00:192:168::2")
+	testNodeIPv6 = netip.MustParseAddr("2001:db8::1")
 	testNode     = model.NodeInfo{Name: testNodeName, IPs: []netip.Addr{testNodeIPv4, testNodeIPv6},
-		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24"), netip.MustParsePrefix("fd00:10::/64")}}
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.180.1.0/24"), netip.MustParsePrefix("fd00:10::/64")}}
 	testLocalAddrs = []netip.Addr{testNodeIPv4, testNodeIPv6, netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}
 )
 

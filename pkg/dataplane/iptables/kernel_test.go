@@ -6,8 +6,8 @@ package iptables
 // test process's private network namespace (netnstest.Main); pods and an outside client
 // are named namespaces behind veth pairs:
 //
-//	client 192.168.100.2 ──veth── 192.168.100.1  NODE  10.0.1.1 ──veth── 10.0.1.2 pod-a
-//	                                                     10.0.2.1 ──veth── 10.0.2.2 pod-b
+//	client 192.168.0.10 ──veth── 192.168.0.2  NODE  10.180.1.1 ──veth── 10.180.1.2 pod-a
+//	                                                     10.180.2.1 ──veth── 10.180.2.2 pod-b
 //
 // pod-a's endpoint is on this node ("node1"); pod-b's is declared on "node2", so it
 // stands for a remote endpoint. Each pod answers TCP and UDP on port 80 with its name and
@@ -39,10 +39,10 @@ import (
 func TestMain(m *testing.M) { netnstest.Main(m) }
 
 const (
-	kNodeIP   = "192.168.100.1"
-	kClientIP = "192.168.100.2"
-	kPodA     = "10.0.1.2"
-	kPodB     = "10.0.2.2"
+	kNodeIP   = "192.168.0.2"
+	kClientIP = "192.168.0.10"
+	kPodA     = "10.180.1.2"
+	kPodB     = "10.180.2.2"
 )
 
 // kTopology is one test's namespaces.
@@ -82,8 +82,8 @@ func newTopology(t *testing.T) *kTopology {
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
 	}
 	link(top.client, "vc", kNodeIP, kClientIP, "24")
-	link(top.podA, "va", "10.0.1.1", kPodA, "24")
-	link(top.podB, "vb", "10.0.2.1", kPodB, "24")
+	link(top.podA, "va", "10.180.1.1", kPodA, "24")
+	link(top.podB, "vb", "10.180.2.1", kPodB, "24")
 	run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	// REJECT answers with ICMP, which the kernel rate-limits per peer; a new peer's first
 	// message is suppressed on this kernel, which turns a refusal into a 1 s retransmit.
@@ -169,7 +169,7 @@ func dial(ns, network, addr string, timeout time.Duration) (string, error) {
 	return strings.TrimSpace(line), err
 }
 
-// expect checks one connection's outcome: a pod's answer ("pod-a 192.168.100.2"),
+// expect checks one connection's outcome: a pod's answer ("pod-a 192.168.0.10"),
 // "refused" or "timeout".
 func expect(t *testing.T, what, ns, network, addr, want string) {
 	t.Helper()
@@ -272,9 +272,9 @@ func TestKernelTraffic(t *testing.T) {
 		t.Run(string(f), func(t *testing.T) {
 			top := newTopology(t)
 			b := newKernelBackend(t, f)
-			kApply(t, b, kWorld("192.168.100.0/24").kstate(), full())
+			kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
 			c := top.client
-			masqA, masqB := "10.0.1.1", "10.0.2.1"
+			masqA, masqB := "10.180.1.1", "10.180.2.1"
 
 			expectOneOf(t, "ClusterIP TCP from outside (masqueraded)", c, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
 			expectOneOf(t, "ClusterIP TCP from a pod (source kept)", top.podA, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+kPodA)
@@ -353,7 +353,7 @@ func TestKernelNoGap(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
 			top := newTopology(t)
-			w := kWorld("192.168.100.0/24")
+			w := kWorld("192.168.0.0/24")
 			// What kube-proxy (or a previous sluice) left: the same layout, plus a
 			// chain of a Service deleted since.
 			old := newKernelBackend(t, f)
@@ -389,7 +389,7 @@ func TestKernelFlushIsRepaired(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
 			top := newTopology(t)
-			w := kWorld("192.168.100.0/24")
+			w := kWorld("192.168.0.0/24")
 			b := newKernelBackend(t, f)
 			kApply(t, b, w.kstate(), full())
 			expect(t, "before", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
@@ -414,7 +414,7 @@ func TestKernelFailingServiceIsIsolated(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
 			top := newTopology(t)
-			w := kWorld("192.168.100.0/24")
+			w := kWorld("192.168.0.0/24")
 			b := newKernelBackend(t, f, withFaultyServices(bad))
 			res := b.Apply(context.Background(), w.kstate(), full())
 			if res.Err != nil {
@@ -425,8 +425,8 @@ func TestKernelFailingServiceIsIsolated(t *testing.T) {
 			}
 			t.Logf("kernel refused %v: %v (%d restores)", bad, res.Failed[bad], b.LastStats().Restores)
 			expect(t, "failed Service is not programmed", top.client, "tcp", kNodeIP+":30003", "refused")
-			expect(t, "others work", top.client, "udp", "172.30.0.14:80", "pod-b 10.0.2.1")
-			expectOneOf(t, "others work", top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1", "pod-b 10.0.2.1")
+			expect(t, "others work", top.client, "udp", "172.30.0.14:80", "pod-b 10.180.2.1")
+			expectOneOf(t, "others work", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1", "pod-b 10.180.2.1")
 
 			// Retried on the next sync (the loop marks it changed): still isolated,
 			// partial, and a change elsewhere goes through.
@@ -435,7 +435,7 @@ func TestKernelFailingServiceIsIsolated(t *testing.T) {
 			if res.Err != nil || res.Full || len(res.Failed) != 1 {
 				t.Fatalf("retry: err=%v full=%v failed=%v", res.Err, res.Full, res.Failed)
 			}
-			expect(t, "change next to a failing Service", top.client, "tcp", "172.30.0.11:80", "pod-b 10.0.2.1")
+			expect(t, "change next to a failing Service", top.client, "tcp", "172.30.0.11:80", "pod-b 10.180.2.1")
 		})
 	}
 }
@@ -445,7 +445,7 @@ func TestKernelCleanupLeavesNothing(t *testing.T) {
 		t.Run(string(f), func(t *testing.T) {
 			newTopology(t)
 			b := newKernelBackend(t, f)
-			kApply(t, b, kWorld("192.168.100.0/24").kstate(), full())
+			kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
 			if err := Cleanup(context.Background(), model.IPv4); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}
@@ -463,7 +463,7 @@ func TestKernelCleanupLeavesNothing(t *testing.T) {
 }
 
 // ipv6Pod wipes the tables and builds an IPv6 pod, fd00:10::2 ("pod6", serving port 80)
-// behind a veth from the node's fd00:10::1, with the ClusterIP range fd00:172:30::/64
+// behind a veth from the node's fd00:10::1, with the ClusterIP range fd00:172:30::/112
 // routed to it.
 func ipv6Pod(t *testing.T) string {
 	t.Helper()
@@ -477,7 +477,7 @@ func ipv6Pod(t *testing.T) string {
 	run(t, "ip", "-n", pod, "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad")
 	run(t, "ip", "-n", pod, "link", "set", "eth0", "up")
 	run(t, "ip", "-n", pod, "route", "add", "default", "via", "fd00:10::1")
-	run(t, "ip", "-6", "route", "replace", "fd00:172:30::/64", "dev", "v6")
+	run(t, "ip", "-6", "route", "replace", "fd00:172:30::/112", "dev", "v6")
 	run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 	serve(t, pod, "pod6", 80)
 	return pod
@@ -514,7 +514,7 @@ func TestKernelIPv6(t *testing.T) {
 // socket). Upstream's ICMPv6 answer to TCP leaves IPv6 clients waiting for a retransmit.
 // Both families' backends run, with an IPv4, an IPv6 and a RequireDualStack Service.
 func TestKernelNoEndpointsRefusedAtOnce(t *testing.T) {
-	const nodeIPv6, clientIPv6 = "fd00:100::1", "fd00:100::2"
+	const nodeIPv6, clientIPv6 = "2001:db8::1", "2001:db8::10"
 	families := []model.IPFamily{model.IPv4, model.IPv6}
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
@@ -522,7 +522,7 @@ func TestKernelNoEndpointsRefusedAtOnce(t *testing.T) {
 			run(t, "ip", "-6", "addr", "add", nodeIPv6+"/64", "dev", "vc", "nodad")
 			run(t, "ip", "-n", top.client, "-6", "addr", "add", clientIPv6+"/64", "dev", "eth0", "nodad")
 			run(t, "ip", "-n", top.client, "-6", "route", "add", "default", "via", nodeIPv6)
-			run(t, "ip", "-6", "route", "replace", "fd00:172:30::/64", "via", clientIPv6)
+			run(t, "ip", "-6", "route", "replace", "fd00:172:30::/112", "via", clientIPv6)
 			run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 
 			w := &world{}
@@ -594,7 +594,7 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	if out := run(t, "nft", "list", "tables"); !strings.Contains(out, "kube-proxy") {
 		t.Fatalf("the nftables table went before sluice's rules were in place")
 	}
-	kApply(t, b, kWorld("192.168.100.0/24").kstate(), full())
+	kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
 	if out := run(t, "nft", "list", "tables"); strings.Contains(out, "kube-proxy") {
 		t.Errorf("nftables table kube-proxy left:\n%s", out)
 	}
@@ -607,5 +607,5 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	if out := run(t, "iptables-legacy-save", "-t", "nat"); strings.Contains(out, "KUBE-") {
 		t.Errorf("kube-proxy rules left in the legacy flavour:\n%s", out)
 	}
-	expectOneOf(t, "traffic after the cleanup", top.client, "tcp", "172.30.0.10:80", "pod-a 10.0.1.1", "pod-b 10.0.2.1")
+	expectOneOf(t, "traffic after the cleanup", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1", "pod-b 10.180.2.1")
 }

@@ -38,8 +38,8 @@ func TestRuleCountAndFailureMetrics(t *testing.T) {
 
 	failures := value(metrics.IPTablesRestoreFailuresTotal.WithLabelValues("IPv4"))
 	partial := value(metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4"))
-	k.rejectAtCommit = func(_, _ string, r *fakeRule) bool { return strings.Contains(r.spec, "10.0.2.77") }
-	w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.2.77", node: "node2"}))
+	k.rejectAtCommit = func(_, _ string, r *fakeRule) bool { return strings.Contains(r.spec, "10.180.2.77") }
+	w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.77", node: "node2"}))
 	res := b.Apply(context.Background(), w.state(model.IPv4), changed("ns1/svc1"))
 	if len(res.Failed) != 1 {
 		t.Fatalf("Failed = %v", res.Failed)

@@ -21,34 +21,34 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 func featureWorld() *world {
 	w := &world{}
 	tcp := v1.ProtocolTCP
-	w.add(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.1.1", node: "node1"}, ep{ip: "10.0.2.1", node: "node2"}))
+	w.add(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}, ep{ip: "10.180.2.1", node: "node2"}))
 	w.add(svc("ns2", "svc2", "172.30.0.42", nodePort(3002)), nil)
-	w.add(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.0.2.3", node: "node2"}))
+	w.add(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.180.2.3", node: "node2"}))
 	w.add(svc("ns4", "svc4", "172.30.0.44", loadBalancer(3004, "5.6.7.8"), etpLocal(30004)),
-		slice("ns4", "svc4", 80, tcp, ep{ip: "10.0.1.4", node: "node1"}, ep{ip: "10.0.2.4", node: "node2"}))
+		slice("ns4", "svc4", 80, tcp, ep{ip: "10.180.1.4", node: "node1"}, ep{ip: "10.180.2.4", node: "node2"}))
 	w.add(svc("ns5", "svc5", "172.30.0.45", loadBalancer(3005, "5.6.7.9"), etpLocal(30005)),
-		slice("ns5", "svc5", 80, tcp, ep{ip: "10.0.2.5", node: "node2"}))
+		slice("ns5", "svc5", 80, tcp, ep{ip: "10.180.2.5", node: "node2"}))
 	w.add(svc("ns6", "svc6", "172.30.0.46", loadBalancer(3006, "5.6.7.10"), sourceRanges("203.0.113.0/25")),
-		slice("ns6", "svc6", 80, tcp, ep{ip: "10.0.2.6", node: "node2"}))
+		slice("ns6", "svc6", 80, tcp, ep{ip: "10.180.2.6", node: "node2"}))
 	w.add(svc("ns6", "svc6b", "172.30.0.47", loadBalancer(3007, "5.6.7.11"), sourceRanges("192.168.0.0/24")),
-		slice("ns6", "svc6b", 80, tcp, ep{ip: "10.0.2.7", node: "node2"}))
-	w.add(svc("ns7", "svc7", "172.30.0.48", externalIPs("192.168.99.7")), slice("ns7", "svc7", 80, tcp, ep{ip: "10.0.2.8", node: "node2"}))
+		slice("ns6", "svc6b", 80, tcp, ep{ip: "10.180.2.7", node: "node2"}))
+	w.add(svc("ns7", "svc7", "172.30.0.48", externalIPs("192.168.99.7")), slice("ns7", "svc7", 80, tcp, ep{ip: "10.180.2.8", node: "node2"}))
 	w.add(svc("ns8", "svc8", "172.30.0.49", itpLocal),
-		slice("ns8", "svc8", 80, tcp, ep{ip: "10.0.1.9", node: "node1"}, ep{ip: "10.0.2.9", node: "node2"}))
-	w.add(svc("ns9", "svc9", "172.30.0.50", itpLocal), slice("ns9", "svc9", 80, tcp, ep{ip: "10.0.2.10", node: "node2"}))
+		slice("ns8", "svc8", 80, tcp, ep{ip: "10.180.1.9", node: "node1"}, ep{ip: "10.180.2.9", node: "node2"}))
+	w.add(svc("ns9", "svc9", "172.30.0.50", itpLocal), slice("ns9", "svc9", 80, tcp, ep{ip: "10.180.2.10", node: "node2"}))
 	w.add(svc("ns10", "svc10", "172.30.0.51", affinity(10800)),
-		slice("ns10", "svc10", 80, tcp, ep{ip: "10.0.1.11", node: "node1"}, ep{ip: "10.0.2.11", node: "node2"}))
-	w.add(svc("ns11", "dns", "172.30.0.53", protocol(v1.ProtocolUDP, 53)), slice("ns11", "dns", 53, v1.ProtocolUDP, ep{ip: "10.0.2.53", node: "node2"}))
-	w.add(svc("ns12", "sctp", "172.30.0.54", protocol(v1.ProtocolSCTP, 7777)), slice("ns12", "sctp", 7777, v1.ProtocolSCTP, ep{ip: "10.0.2.54", node: "node2"}))
+		slice("ns10", "svc10", 80, tcp, ep{ip: "10.180.1.11", node: "node1"}, ep{ip: "10.180.2.11", node: "node2"}))
+	w.add(svc("ns11", "dns", "172.30.0.53", protocol(v1.ProtocolUDP, 53)), slice("ns11", "dns", 53, v1.ProtocolUDP, ep{ip: "10.180.2.53", node: "node2"}))
+	w.add(svc("ns12", "sctp", "172.30.0.54", protocol(v1.ProtocolSCTP, 7777)), slice("ns12", "sctp", 7777, v1.ProtocolSCTP, ep{ip: "10.180.2.54", node: "node2"}))
 	w.add(svc("ns13", "draining", "172.30.0.55"),
-		slice("ns13", "draining", 80, tcp, ep{ip: "10.0.2.55", node: "node2", terminating: true}, ep{ip: "10.0.2.56", node: "node2", notReady: true}))
+		slice("ns13", "draining", 80, tcp, ep{ip: "10.180.2.55", node: "node2", terminating: true}, ep{ip: "10.180.2.56", node: "node2", notReady: true}))
 	w.add(svc("ns14", "extlocal-nodeport", "172.30.0.56", nodePort(3014), etpLocal(0)),
-		slice("ns14", "extlocal-nodeport", 80, tcp, ep{ip: "10.0.2.57", node: "node2"}))
+		slice("ns14", "extlocal-nodeport", 80, tcp, ep{ip: "10.180.2.57", node: "node2"}))
 	return w
 }
 
 var (
-	podHere     = netip.MustParseAddr("10.0.1.99")
+	podHere     = netip.MustParseAddr("10.180.1.99")
 	outside     = netip.MustParseAddr("203.0.113.5")
 	nodeIP      = testNodeIPv4
 	localhostV4 = netip.MustParseAddr("127.0.0.1")
@@ -63,13 +63,13 @@ func TestPacketFlowIPv4(t *testing.T) {
 	env := &traceEnv{k: k, localAddrs: testLocalAddrs}
 	runPacketFlowTests(t, env, []packetFlowTest{
 		{name: "pod to ClusterIP reaches every endpoint, source kept",
-			pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.0.1.1:80, 10.0.2.1:80"},
+			pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.180.1.1:80, 10.180.2.1:80"},
 		{name: "off-cluster source to ClusterIP is masqueraded",
-			pkt: packet{src: outside, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.0.1.1:80, 10.0.2.1:80", masq: true},
+			pkt: packet{src: outside, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.180.1.1:80, 10.180.2.1:80", masq: true},
 		{name: "node to ClusterIP is masqueraded",
-			pkt: packet{src: nodeIP, dst: a("172.30.0.41"), dport: 80, local: true}, output: "10.0.1.1:80, 10.0.2.1:80", masq: true},
+			pkt: packet{src: nodeIP, dst: a("172.30.0.41"), dport: 80, local: true}, output: "10.180.1.1:80, 10.180.2.1:80", masq: true},
 		{name: "hairpin: endpoint to its own Service is masqueraded",
-			pkt: packet{src: a("10.0.1.1"), dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.0.1.1:80, 10.0.2.1:80", masq: true},
+			pkt: packet{src: a("10.180.1.1"), dst: a("172.30.0.41"), dport: 80, iif: "veth1"}, output: "10.180.1.1:80, 10.180.2.1:80", masq: true},
 		{name: "ClusterIP on another port is not touched",
 			pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 81, iif: "veth1"}, output: "local"},
 		{name: "no endpoints: ClusterIP rejected",
@@ -79,19 +79,19 @@ func TestPacketFlowIPv4(t *testing.T) {
 		{name: "no endpoints: from the node rejected",
 			pkt: packet{src: nodeIP, dst: a("172.30.0.42"), dport: 80, local: true}, output: "REJECT"},
 		{name: "NodePort, Cluster policy: masqueraded",
-			pkt: packet{src: outside, dst: nodeIP, dport: 3003, iif: "eth0"}, output: "10.0.2.3:80", masq: true},
+			pkt: packet{src: outside, dst: nodeIP, dport: 3003, iif: "eth0"}, output: "10.180.2.3:80", masq: true},
 		{name: "localhost NodePort from the node",
-			pkt: packet{src: localhostV4, dst: localhostV4, dport: 3003, local: true}, output: "10.0.2.3:80", masq: true},
+			pkt: packet{src: localhostV4, dst: localhostV4, dport: 3003, local: true}, output: "10.180.2.3:80", masq: true},
 		{name: "route_localnet: 127.0.0.0/8 from the network is dropped (KUBE-FIREWALL)",
 			pkt: packet{src: outside, dst: localhostV4, dport: 9999, iif: "eth0"}, output: "DROP"},
 		{name: "LoadBalancer IP, Local policy, from outside: local endpoint only, source kept",
-			pkt: packet{src: outside, dst: a("5.6.7.8"), dport: 80, iif: "eth0"}, output: "10.0.1.4:80"},
+			pkt: packet{src: outside, dst: a("5.6.7.8"), dport: 80, iif: "eth0"}, output: "10.180.1.4:80"},
 		{name: "NodePort, Local policy, from outside: local endpoint only, source kept",
-			pkt: packet{src: outside, dst: nodeIP, dport: 3004, iif: "eth0"}, output: "10.0.1.4:80"},
+			pkt: packet{src: outside, dst: nodeIP, dport: 3004, iif: "eth0"}, output: "10.180.1.4:80"},
 		{name: "LoadBalancer IP, Local policy, from a pod: short-circuit to every endpoint",
-			pkt: packet{src: podHere, dst: a("5.6.7.8"), dport: 80, iif: "veth1"}, output: "10.0.1.4:80, 10.0.2.4:80"},
+			pkt: packet{src: podHere, dst: a("5.6.7.8"), dport: 80, iif: "veth1"}, output: "10.180.1.4:80, 10.180.2.4:80"},
 		{name: "LoadBalancer IP, Local policy, from the node: masqueraded, every endpoint",
-			pkt: packet{src: nodeIP, dst: a("5.6.7.8"), dport: 80, local: true}, output: "10.0.1.4:80, 10.0.2.4:80", masq: true},
+			pkt: packet{src: nodeIP, dst: a("5.6.7.8"), dport: 80, local: true}, output: "10.180.1.4:80, 10.180.2.4:80", masq: true},
 		{name: "healthCheckNodePort is accepted",
 			pkt: packet{src: outside, dst: nodeIP, dport: 30004, iif: "eth0"}, output: "local"},
 		{name: "Local policy without local endpoints: outside traffic dropped",
@@ -99,37 +99,37 @@ func TestPacketFlowIPv4(t *testing.T) {
 		{name: "Local policy without local endpoints: NodePort dropped",
 			pkt: packet{src: outside, dst: nodeIP, dport: 3005, iif: "eth0"}, output: "DROP"},
 		{name: "Local policy without local endpoints: pods still served",
-			pkt: packet{src: podHere, dst: a("5.6.7.9"), dport: 80, iif: "veth1"}, output: "10.0.2.5:80"},
+			pkt: packet{src: podHere, dst: a("5.6.7.9"), dport: 80, iif: "veth1"}, output: "10.180.2.5:80"},
 		{name: "Local policy without local endpoints: ClusterIP still served",
-			pkt: packet{src: podHere, dst: a("172.30.0.45"), dport: 80, iif: "veth1"}, output: "10.0.2.5:80"},
+			pkt: packet{src: podHere, dst: a("172.30.0.45"), dport: 80, iif: "veth1"}, output: "10.180.2.5:80"},
 		{name: "source range: allowed source",
-			pkt: packet{src: a("203.0.113.1"), dst: a("5.6.7.10"), dport: 80, iif: "eth0"}, output: "10.0.2.6:80", masq: true},
+			pkt: packet{src: a("203.0.113.1"), dst: a("5.6.7.10"), dport: 80, iif: "eth0"}, output: "10.180.2.6:80", masq: true},
 		{name: "source range: other source dropped",
 			pkt: packet{src: a("203.0.113.200"), dst: a("5.6.7.10"), dport: 80, iif: "eth0"}, output: "DROP"},
 		{name: "source range: NodePort is not filtered",
-			pkt: packet{src: a("203.0.113.200"), dst: nodeIP, dport: 3006, iif: "eth0"}, output: "10.0.2.6:80", masq: true},
+			pkt: packet{src: a("203.0.113.200"), dst: nodeIP, dport: 3006, iif: "eth0"}, output: "10.180.2.6:80", masq: true},
 		{name: "source range holding the node IP allows the LoadBalancer IP as source",
-			pkt: packet{src: a("5.6.7.11"), dst: a("5.6.7.11"), dport: 80, iif: "eth0"}, output: "10.0.2.7:80", masq: true},
+			pkt: packet{src: a("5.6.7.11"), dst: a("5.6.7.11"), dport: 80, iif: "eth0"}, output: "10.180.2.7:80", masq: true},
 		{name: "externalIP from outside is masqueraded",
-			pkt: packet{src: outside, dst: a("192.168.99.7"), dport: 80, iif: "eth0"}, output: "10.0.2.8:80", masq: true},
+			pkt: packet{src: outside, dst: a("192.168.99.7"), dport: 80, iif: "eth0"}, output: "10.180.2.8:80", masq: true},
 		{name: "internalTrafficPolicy Local: local endpoint only",
-			pkt: packet{src: podHere, dst: a("172.30.0.49"), dport: 80, iif: "veth1"}, output: "10.0.1.9:80"},
+			pkt: packet{src: podHere, dst: a("172.30.0.49"), dport: 80, iif: "veth1"}, output: "10.180.1.9:80"},
 		{name: "internalTrafficPolicy Local without local endpoints: dropped",
 			pkt: packet{src: podHere, dst: a("172.30.0.50"), dport: 80, iif: "veth1"}, output: "DROP"},
 		{name: "ClientIP affinity: a new client may reach every endpoint",
-			pkt: packet{src: podHere, dst: a("172.30.0.51"), dport: 80, iif: "veth1"}, output: "10.0.1.11:80, 10.0.2.11:80"},
+			pkt: packet{src: podHere, dst: a("172.30.0.51"), dport: 80, iif: "veth1"}, output: "10.180.1.11:80, 10.180.2.11:80"},
 		{name: "UDP",
-			pkt: packet{src: podHere, dst: a("172.30.0.53"), proto: "udp", dport: 53, iif: "veth1"}, output: "10.0.2.53:53"},
+			pkt: packet{src: podHere, dst: a("172.30.0.53"), proto: "udp", dport: 53, iif: "veth1"}, output: "10.180.2.53:53"},
 		{name: "UDP rule does not catch TCP",
 			pkt: packet{src: podHere, dst: a("172.30.0.53"), proto: "tcp", dport: 53, iif: "veth1"}, output: "local"},
 		{name: "SCTP",
-			pkt: packet{src: podHere, dst: a("172.30.0.54"), proto: "sctp", dport: 7777, iif: "veth1"}, output: "10.0.2.54:7777"},
+			pkt: packet{src: podHere, dst: a("172.30.0.54"), proto: "sctp", dport: 7777, iif: "veth1"}, output: "10.180.2.54:7777"},
 		{name: "only terminating endpoints: the serving one is used",
-			pkt: packet{src: podHere, dst: a("172.30.0.55"), dport: 80, iif: "veth1"}, output: "10.0.2.55:80"},
+			pkt: packet{src: podHere, dst: a("172.30.0.55"), dport: 80, iif: "veth1"}, output: "10.180.2.55:80"},
 		{name: "NodePort, Local policy, no local endpoints, from outside: dropped",
 			pkt: packet{src: outside, dst: nodeIP, dport: 3014, iif: "eth0"}, output: "DROP"},
 		{name: "NodePort, Local policy, no local endpoints, from the node: served",
-			pkt: packet{src: nodeIP, dst: nodeIP, dport: 3014, local: true}, output: "10.0.2.57:80", masq: true},
+			pkt: packet{src: nodeIP, dst: nodeIP, dport: 3014, local: true}, output: "10.180.2.57:80", masq: true},
 	})
 }
 
@@ -145,9 +145,9 @@ func TestPacketFlowIPv6(t *testing.T) {
 	runPacketFlowTests(t, env, []packetFlowTest{
 		{name: "pod to ClusterIP", pkt: packet{src: a("fd00:10::99"), dst: a("fd00:172:30::41"), dport: 80, iif: "veth1"},
 			output: "[fd00:10:2::1]:80, [fd00:10::1]:80"},
-		{name: "outside to ClusterIP is masqueraded", pkt: packet{src: a("2001:db8::5"), dst: a("fd00:172:30::41"), dport: 80, iif: "eth0"},
+		{name: "outside to ClusterIP is masqueraded", pkt: packet{src: a("2001:db8:77::7"), dst: a("fd00:172:30::41"), dport: 80, iif: "eth0"},
 			output: "[fd00:10:2::1]:80, [fd00:10::1]:80", masq: true},
-		{name: "NodePort", pkt: packet{src: a("2001:db8::5"), dst: testNodeIPv6, dport: 3001, iif: "eth0"},
+		{name: "NodePort", pkt: packet{src: a("2001:db8:77::7"), dst: testNodeIPv6, dport: 3001, iif: "eth0"},
 			output: "[fd00:10:2::1]:80, [fd00:10::1]:80", masq: true},
 		{name: "no localhost NodePorts on IPv6", pkt: packet{src: netip.IPv6Loopback(), dst: netip.IPv6Loopback(), dport: 3001, local: true},
 			output: "local"},
@@ -159,9 +159,9 @@ func TestPacketFlowIPv6(t *testing.T) {
 func TestPacketFlowOptions(t *testing.T) {
 	w := &world{}
 	tcp := v1.ProtocolTCP
-	w.add(svc("ns1", "svc1", "172.30.0.41", nodePort(3001)), slice("ns1", "svc1", 80, tcp, ep{ip: "10.0.1.1", node: "node1"}))
+	w.add(svc("ns1", "svc1", "172.30.0.41", nodePort(3001)), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}))
 	w.add(svc("ns2", "svc2", "172.30.0.42", loadBalancer(3002, "5.6.7.8"), etpLocal(30002)),
-		slice("ns2", "svc2", 80, tcp, ep{ip: "10.0.1.2", node: "node1"}, ep{ip: "10.0.2.2", node: "node2"}))
+		slice("ns2", "svc2", 80, tcp, ep{ip: "10.180.1.2", node: "node1"}, ep{ip: "10.180.2.2", node: "node2"}))
 	pod := packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}
 
 	for _, tc := range []struct {
@@ -170,47 +170,47 @@ func TestPacketFlowOptions(t *testing.T) {
 		tests []packetFlowTest
 	}{
 		{name: "masqueradeAll", cfg: func(c *dataplane.Config) { c.MasqueradeAll = true },
-			tests: []packetFlowTest{{name: "pod to ClusterIP is masqueraded", pkt: pod, output: "10.0.1.1:80", masq: true}}},
+			tests: []packetFlowTest{{name: "pod to ClusterIP is masqueraded", pkt: pod, output: "10.180.1.1:80", masq: true}}},
 		{name: "no local detector", cfg: func(c *dataplane.Config) { c.LocalDetector = dataplane.LocalDetector{} },
 			tests: []packetFlowTest{
-				{name: "off-cluster source keeps its address", pkt: packet{src: outside, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.0.1.1:80"},
-				{name: "pod to LoadBalancer IP with Local policy: local endpoint only", pkt: packet{src: podHere, dst: a("5.6.7.8"), dport: 80, iif: "veth1"}, output: "10.0.1.2:80"},
+				{name: "off-cluster source keeps its address", pkt: packet{src: outside, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.180.1.1:80"},
+				{name: "pod to LoadBalancer IP with Local policy: local endpoint only", pkt: packet{src: podHere, dst: a("5.6.7.8"), dport: 80, iif: "veth1"}, output: "10.180.1.2:80"},
 			}},
 		{name: "detect local by bridge", cfg: func(c *dataplane.Config) {
 			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalBridgeInterface, Interface: "cbr0"}
 		}, tests: []packetFlowTest{
-			{name: "pod behind the bridge keeps its address", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "cbr0"}, output: "10.0.1.1:80"},
-			{name: "other interface is masqueraded", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.0.1.1:80", masq: true},
-			{name: "pod to LoadBalancer IP short-circuits", pkt: packet{src: podHere, dst: a("5.6.7.8"), dport: 80, iif: "cbr0"}, output: "10.0.1.2:80, 10.0.2.2:80"},
+			{name: "pod behind the bridge keeps its address", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "cbr0"}, output: "10.180.1.1:80"},
+			{name: "other interface is masqueraded", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.180.1.1:80", masq: true},
+			{name: "pod to LoadBalancer IP short-circuits", pkt: packet{src: podHere, dst: a("5.6.7.8"), dport: 80, iif: "cbr0"}, output: "10.180.1.2:80, 10.180.2.2:80"},
 		}},
 		{name: "detect local by interface prefix", cfg: func(c *dataplane.Config) {
 			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalInterfaceNamePrefix, Interface: "veth"}
 		}, tests: []packetFlowTest{
-			{name: "pod veth keeps its address", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1234"}, output: "10.0.1.1:80"},
-			{name: "other interface is masqueraded", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.0.1.1:80", masq: true},
+			{name: "pod veth keeps its address", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1234"}, output: "10.180.1.1:80"},
+			{name: "other interface is masqueraded", pkt: packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.180.1.1:80", masq: true},
 		}},
 		{name: "detect local by node CIDR", cfg: func(c *dataplane.Config) {
-			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalNodeCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.1.0/24")}}
+			c.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalNodeCIDR, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.180.1.0/24")}}
 		}, tests: []packetFlowTest{
-			{name: "pod on this node keeps its address", pkt: pod, output: "10.0.1.1:80"},
-			{name: "pod on another node is masqueraded", pkt: packet{src: a("10.0.2.99"), dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.0.1.1:80", masq: true},
+			{name: "pod on this node keeps its address", pkt: pod, output: "10.180.1.1:80"},
+			{name: "pod on another node is masqueraded", pkt: packet{src: a("10.180.2.99"), dst: a("172.30.0.41"), dport: 80, iif: "eth0"}, output: "10.180.1.1:80", masq: true},
 		}},
 		{name: "nodePortAddresses primary", cfg: func(c *dataplane.Config) {
 			c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.PrefixFrom(testNodeIPv4, 32)}}
 		}, tests: []packetFlowTest{
-			{name: "NodePort on the node IP", pkt: packet{src: outside, dst: nodeIP, dport: 3001, iif: "eth0"}, output: "10.0.1.1:80", masq: true},
+			{name: "NodePort on the node IP", pkt: packet{src: outside, dst: nodeIP, dport: 3001, iif: "eth0"}, output: "10.180.1.1:80", masq: true},
 			{name: "no NodePort on localhost", pkt: packet{src: localhostV4, dst: localhostV4, dport: 3001, local: true}, output: "local"},
 		}},
 		{name: "nodePortAddresses with localhost", cfg: func(c *dataplane.Config) {
 			c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
 		}, tests: []packetFlowTest{
-			{name: "NodePort on localhost", pkt: packet{src: localhostV4, dst: localhostV4, dport: 3001, local: true}, output: "10.0.1.1:80", masq: true},
+			{name: "NodePort on localhost", pkt: packet{src: localhostV4, dst: localhostV4, dport: 3001, local: true}, output: "10.180.1.1:80", masq: true},
 			{name: "no NodePort on the node IP", pkt: packet{src: outside, dst: nodeIP, dport: 3001, iif: "eth0"}, output: "local"},
 		}},
 		{name: "localhost NodePorts off", cfg: func(c *dataplane.Config) { c.LocalhostNodePorts = false },
 			tests: []packetFlowTest{
 				{name: "no NodePort on localhost", pkt: packet{src: localhostV4, dst: localhostV4, dport: 3001, local: true}, output: "local"},
-				{name: "NodePort on the node IP", pkt: packet{src: outside, dst: nodeIP, dport: 3001, iif: "eth0"}, output: "10.0.1.1:80", masq: true},
+				{name: "NodePort on the node IP", pkt: packet{src: outside, dst: nodeIP, dport: 3001, iif: "eth0"}, output: "10.180.1.1:80", masq: true},
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

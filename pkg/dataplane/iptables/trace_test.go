@@ -374,10 +374,10 @@ func TestTracePacketFollowsJumpsRandomChoicesAndMarks(t *testing.T) {
 -A KUBE-SVC-A ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
 -A KUBE-SVC-A -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-1
 -A KUBE-SVC-A -j KUBE-SEP-2
--A KUBE-SEP-1 -s 10.0.1.1 -j KUBE-MARK-MASQ
--A KUBE-SEP-1 -m tcp -p tcp -j DNAT --to-destination 10.0.1.1:8080
--A KUBE-SEP-2 -s 10.0.1.2 -j KUBE-MARK-MASQ
--A KUBE-SEP-2 -m tcp -p tcp -j DNAT --to-destination 10.0.1.2:8080
+-A KUBE-SEP-1 -s 10.180.1.1 -j KUBE-MARK-MASQ
+-A KUBE-SEP-1 -m tcp -p tcp -j DNAT --to-destination 10.180.1.1:8080
+-A KUBE-SEP-2 -s 10.180.1.2 -j KUBE-MARK-MASQ
+-A KUBE-SEP-2 -m tcp -p tcp -j DNAT --to-destination 10.180.1.2:8080
 COMMIT
 *filter
 :KUBE-SERVICES - [0:0]
@@ -392,19 +392,19 @@ COMMIT
 	env := &traceEnv{k: k, localAddrs: []netip.Addr{netip.MustParseAddr("192.168.0.2")}}
 	runPacketFlowTests(t, env, []packetFlowTest{
 		{name: "pod to ClusterIP reaches both endpoints unmasqueraded",
-			pkt:    packet{src: netip.MustParseAddr("10.0.2.5"), dst: netip.MustParseAddr("172.30.0.1"), dport: 80},
-			output: "10.0.1.1:8080, 10.0.1.2:8080"},
+			pkt:    packet{src: netip.MustParseAddr("10.180.2.5"), dst: netip.MustParseAddr("172.30.0.1"), dport: 80},
+			output: "10.180.1.1:8080, 10.180.1.2:8080"},
 		{name: "outside source is masqueraded",
 			pkt:    packet{src: netip.MustParseAddr("192.168.0.9"), dst: netip.MustParseAddr("172.30.0.1"), dport: 80},
-			output: "10.0.1.1:8080, 10.0.1.2:8080", masq: true},
+			output: "10.180.1.1:8080, 10.180.1.2:8080", masq: true},
 		{name: "hairpin is masqueraded only on its own endpoint",
-			pkt:    packet{src: netip.MustParseAddr("10.0.1.1"), dst: netip.MustParseAddr("172.30.0.1"), dport: 80},
-			output: "10.0.1.1:8080, 10.0.1.2:8080", masq: true},
+			pkt:    packet{src: netip.MustParseAddr("10.180.1.1"), dst: netip.MustParseAddr("172.30.0.1"), dport: 80},
+			output: "10.180.1.1:8080, 10.180.1.2:8080", masq: true},
 		{name: "other port is not DNATed",
-			pkt:    packet{src: netip.MustParseAddr("10.0.2.5"), dst: netip.MustParseAddr("172.30.0.1"), dport: 81},
+			pkt:    packet{src: netip.MustParseAddr("10.180.2.5"), dst: netip.MustParseAddr("172.30.0.1"), dport: 81},
 			output: "local"},
 		{name: "reject rule in filter",
-			pkt:    packet{src: netip.MustParseAddr("10.0.2.5"), dst: netip.MustParseAddr("172.30.0.2"), dport: 80},
+			pkt:    packet{src: netip.MustParseAddr("10.180.2.5"), dst: netip.MustParseAddr("172.30.0.2"), dport: 80},
 			output: "REJECT"},
 	})
 	_ = fmt.Sprint()

@@ -8,9 +8,9 @@
 // namespace is the node the backend programs. Each test adds namespaces around it and
 // removes everything it programmed (with Cleanup) when it ends:
 //
-//	client namespace  203.0.113.2/24 and .3/24 (TEST-NET-3), default route via the node
-//	node (this one)   203.0.113.1/24 towards the client (the node IP); 10.244.N.1/24 towards pod N
-//	pod N namespace   10.244.N.2/24, default route via the node; TCP :8080 and UDP :5353 answer
+//	client namespace  192.168.0.10/24 and .3/24 (TEST-NET-3), default route via the node
+//	node (this one)   192.168.0.2/24 towards the client (the node IP); 10.180.N.1/24 towards pod N
+//	pod N namespace   10.180.N.2/24, default route via the node; TCP :8080 and UDP :5353 answer
 //	                  "podN <source address>" to every line or datagram
 //	Services          ClusterIPs 10.96.x.y, LoadBalancer and external IPs 192.0.2.x (TEST-NET-1)
 //
@@ -48,9 +48,9 @@ import (
 func TestMain(m *testing.M) { netnstest.Main(m) }
 
 var (
-	kNodeIP   = netip.MustParseAddr("203.0.113.1")
-	kClient   = netip.MustParseAddr("203.0.113.2")
-	kClient2  = netip.MustParseAddr("203.0.113.3")
+	kNodeIP   = netip.MustParseAddr("192.168.0.2")
+	kClient   = netip.MustParseAddr("192.168.0.10")
+	kClient2  = netip.MustParseAddr("192.168.0.11")
 	topoCount atomic.Int32
 )
 
@@ -100,13 +100,13 @@ func newTopology(t *testing.T, pods int) *topology {
 		ns := netnstest.NewNamed(t, fmt.Sprintf("pod%d", i))
 		link := fmt.Sprintf("vp%d_%d", n, i)
 		podLinks = append(podLinks, link)
-		podIP := netip.MustParseAddr(fmt.Sprintf("10.244.%d.2", i))
+		podIP := netip.MustParseAddr(fmt.Sprintf("10.180.%d.2", i))
 		run(t, "ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		run(t, "ip", "addr", "add", fmt.Sprintf("10.244.%d.1/24", i), "dev", link)
+		run(t, "ip", "addr", "add", fmt.Sprintf("10.180.%d.1/24", i), "dev", link)
 		run(t, "ip", "link", "set", link, "up")
 		run(t, "ip", "-n", ns, "addr", "add", podIP.String()+"/24", "dev", "eth0")
 		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
-		run(t, "ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.244.%d.1", i))
+		run(t, "ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.180.%d.1", i))
 		tp.pods = append(tp.pods, ns)
 		tp.podIPs = append(tp.podIPs, podIP)
 		servePod(t, ns, fmt.Sprintf("pod%d", i))
@@ -194,7 +194,7 @@ func dial(ns string, src netip.Addr, to string, timeout time.Duration) (net.Conn
 	return c, err
 }
 
-// ask sends one line over c and returns the answer ("pod1 203.0.113.2").
+// ask sends one line over c and returns the answer ("pod1 192.168.0.10").
 func ask(c net.Conn) (string, error) {
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := io.WriteString(c, "hello\n"); err != nil {
@@ -323,8 +323,8 @@ func kernelState(ports ...*model.ServicePort) *model.NodeState {
 
 // pod1 is this node's endpoint, pod2 another node's (as far as the model is concerned).
 const (
-	pod1 = "10.244.1.2:8080"
-	pod2 = "10.244.2.2:8080"
+	pod1 = "10.180.1.2:8080"
+	pod2 = "10.180.2.2:8080"
 )
 
 func kernelApply(t *testing.T, b *Backend, state *model.NodeState, ch model.Changes) {
@@ -342,15 +342,15 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/web", "10.96.0.10", 80, endpoints(pod1, pod2)),
-		svcPort("ns/dns", "10.96.0.53", 53, udp, endpoints("10.244.2.2:5353")),
-		svcPort("ns/self", "10.96.0.11", 80, endpoints(pod1)),
-		svcPort("ns/empty", "10.96.0.12", 80),
+		svcPort("ns/web", "172.30.0.10", 80, endpoints(pod1, pod2)),
+		svcPort("ns/dns", "172.30.0.53", 53, udp, endpoints("10.180.2.2:5353")),
+		svcPort("ns/self", "172.30.0.11", 80, endpoints(pod1)),
+		svcPort("ns/empty", "172.30.0.12", 80),
 	), model.Changes{Full: true})
 
 	seen := map[string]int{}
 	for range 4 {
-		reply := mustFetch(t, tp.client, "10.96.0.10:80")
+		reply := mustFetch(t, tp.client, "172.30.0.10:80")
 		seen[answeredBy(reply)]++
 		if src := sourceSeen(reply); src == kClient.String() {
 			t.Errorf("traffic from outside the cluster to a ClusterIP was not masqueraded (pod saw %s)", src)
@@ -363,33 +363,33 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 	// masqueraded (hairpin), so look at pod2's answers only. (Pod 2 counts as another
 	// node's, so it has no hairpin entry and must not be the one asking.)
 	for range 2 {
-		if reply := mustFetch(t, tp.pods[0], "10.96.0.10:80"); answeredBy(reply) == "pod2" && sourceSeen(reply) != "10.244.1.2" {
+		if reply := mustFetch(t, tp.pods[0], "172.30.0.10:80"); answeredBy(reply) == "pod2" && sourceSeen(reply) != "10.180.1.2" {
 			t.Errorf("pod-to-ClusterIP answer %q: the pod's source was rewritten", reply)
 		}
 	}
 	// Hairpin: a pod reaching itself through its Service works (KUBE-LOOP-BACK masquerade).
-	if reply := mustFetch(t, tp.pods[0], "10.96.0.11:80"); answeredBy(reply) != "pod1" {
+	if reply := mustFetch(t, tp.pods[0], "172.30.0.11:80"); answeredBy(reply) != "pod1" {
 		t.Errorf("hairpin answer %q", reply)
 	}
-	if reply, err := udpAsk(tp.client, "10.96.0.53:53"); err != nil || answeredBy(reply) != "pod2" {
+	if reply, err := udpAsk(tp.client, "172.30.0.53:53"); err != nil || answeredBy(reply) != "pod2" {
 		t.Errorf("UDP ClusterIP: %q, %v", reply, err)
 	}
 	// Other ports of a Service address are refused, not answered by the node
 	// (KUBE-IPVS-FILTER): TCP with a reset, UDP with ICMP port unreachable.
-	expectRefusedAtOnce(t, tp.client, "tcp", "10.96.0.10:22")
-	expectRefusedAtOnce(t, tp.client, "udp", "10.96.0.10:22")
+	expectRefusedAtOnce(t, tp.client, "tcp", "172.30.0.10:22")
+	expectRefusedAtOnce(t, tp.client, "udp", "172.30.0.10:22")
 	// A Service without endpoints: TCP is refused with a reset by KUBE-IPVS-FILTER before
 	// IPVS sees the SYN (KUBE-SLUICE-NO-ENDPOINTS-TCP).
-	expectRefusedAtOnce(t, tp.client, "tcp", "10.96.0.12:80")
+	expectRefusedAtOnce(t, tp.client, "tcp", "172.30.0.12:80")
 }
 
 func TestKernelNodePortLoadBalancerAndExternalIP(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/web", "10.96.1.10", 80, nodePort(30080), lbIPs("192.0.2.10"), externalIPs("192.0.2.20"), endpoints(pod2)),
+		svcPort("ns/web", "172.30.1.10", 80, nodePort(30080), lbIPs("192.168.99.10"), externalIPs("192.168.99.20"), endpoints(pod2)),
 	), model.Changes{Full: true})
-	for _, to := range []string{"203.0.113.1:30080", "192.0.2.10:80", "192.0.2.20:80"} {
+	for _, to := range []string{"192.168.0.2:30080", "192.168.99.10:80", "192.168.99.20:80"} {
 		reply := mustFetch(t, tp.client, to)
 		if answeredBy(reply) != "pod2" {
 			t.Errorf("%s answered %q", to, reply)
@@ -404,12 +404,12 @@ func TestKernelExternalTrafficPolicyLocal(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/local", "10.96.2.10", 80, nodePort(30081), lbIPs("192.0.2.11"), externalLocal, endpoints(pod1, pod2)),
-		svcPort("ns/nolocal", "10.96.2.11", 80, nodePort(30082), lbIPs("192.0.2.12"), externalLocal, endpoints(pod2)),
+		svcPort("ns/local", "172.30.2.10", 80, nodePort(30081), lbIPs("192.168.99.11"), externalLocal, endpoints(pod1, pod2)),
+		svcPort("ns/nolocal", "172.30.2.11", 80, nodePort(30082), lbIPs("192.168.99.12"), externalLocal, endpoints(pod2)),
 	), model.Changes{Full: true})
 
 	// A local endpoint: only it answers, and it sees the client's own address.
-	for _, to := range []string{"203.0.113.1:30081", "192.0.2.11:80"} {
+	for _, to := range []string{"192.168.0.2:30081", "192.168.99.11:80"} {
 		for range 2 {
 			reply := mustFetch(t, tp.client, to)
 			if answeredBy(reply) != "pod1" || sourceSeen(reply) != kClient.String() {
@@ -419,7 +419,7 @@ func TestKernelExternalTrafficPolicyLocal(t *testing.T) {
 	}
 	// No local endpoint: outside traffic is dropped (like the iptables and nftables modes);
 	// pods still get the cluster's endpoints (upstream's fallback).
-	for _, to := range []string{"203.0.113.1:30082", "192.0.2.12:80"} {
+	for _, to := range []string{"192.168.0.2:30082", "192.168.99.12:80"} {
 		expectBlocked(t, tp.client, netip.Addr{}, to, false)
 		if reply := mustFetch(t, tp.pods[0], to); answeredBy(reply) != "pod2" {
 			t.Errorf("pod to %s answered %q, want pod2", to, reply)
@@ -430,14 +430,14 @@ func TestKernelExternalTrafficPolicyLocal(t *testing.T) {
 func TestKernelSessionAffinity(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
-	kernelApply(t, b, kernelState(svcPort("ns/sticky", "10.96.3.10", 80, affinity(60), endpoints(pod1, pod2))), model.Changes{Full: true})
-	first := answeredBy(mustFetch(t, tp.client, "10.96.3.10:80"))
+	kernelApply(t, b, kernelState(svcPort("ns/sticky", "172.30.3.10", 80, affinity(60), endpoints(pod1, pod2))), model.Changes{Full: true})
+	first := answeredBy(mustFetch(t, tp.client, "172.30.3.10:80"))
 	for range 5 {
-		if got := answeredBy(mustFetch(t, tp.client, "10.96.3.10:80")); got != first {
+		if got := answeredBy(mustFetch(t, tp.client, "172.30.3.10:80")); got != first {
 			t.Fatalf("affinity broken: %s then %s", first, got)
 		}
 	}
-	vs := ipvsServiceOf(t, vsKey{model.TCP, netip.MustParseAddr("10.96.3.10"), 80})
+	vs := ipvsServiceOf(t, vsKey{model.TCP, netip.MustParseAddr("172.30.3.10"), 80})
 	if vs.Flags&flagPersistent == 0 || vs.Timeout != 60 {
 		t.Errorf("virtual server flags %#x timeout %d, want persistent 60", vs.Flags, vs.Timeout)
 	}
@@ -447,14 +447,14 @@ func TestKernelSchedulerAnnotation(t *testing.T) {
 	newTopology(t, 1)
 	b := newKernelBackend(t, Settings{Scheduler: "wrr"})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/default", "10.96.4.10", 80, endpoints(pod1)),
-		svcPort("ns/mh", "10.96.4.11", 80, scheduler("mh"), endpoints(pod1)),
-		svcPort("ns/sh", "10.96.4.12", 80, scheduler("sh"), endpoints(pod1)),
+		svcPort("ns/default", "172.30.4.10", 80, endpoints(pod1)),
+		svcPort("ns/mh", "172.30.4.11", 80, scheduler("mh"), endpoints(pod1)),
+		svcPort("ns/sh", "172.30.4.12", 80, scheduler("sh"), endpoints(pod1)),
 	), model.Changes{Full: true})
 	for ip, want := range map[string]struct {
 		sched string
 		flags uint32
-	}{"10.96.4.10": {"wrr", 0}, "10.96.4.11": {"mh", flagSched2}, "10.96.4.12": {"sh", 0}} {
+	}{"172.30.4.10": {"wrr", 0}, "172.30.4.11": {"mh", flagSched2}, "172.30.4.12": {"sh", 0}} {
 		vs := ipvsServiceOf(t, vsKey{model.TCP, netip.MustParseAddr(ip), 80})
 		if vs.SchedName != want.sched || vs.Flags&^flagHashed != want.flags {
 			t.Errorf("%s: scheduler %s flags %#x, want %s %#x", ip, vs.SchedName, vs.Flags&^flagHashed, want.sched, want.flags)
@@ -466,23 +466,23 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 	tp := newTopology(t, 1)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/fw", "10.96.5.10", 80, lbIPs("192.0.2.30"), sourceRanges(kClient.String()+"/32"), endpoints(pod1)),
+		svcPort("ns/fw", "172.30.5.10", 80, lbIPs("192.168.99.30"), sourceRanges(kClient.String()+"/32"), endpoints(pod1)),
 	), model.Changes{Full: true})
-	if _, err := fetch(tp.client, kClient, "192.0.2.30:80"); err != nil {
+	if _, err := fetch(tp.client, kClient, "192.168.99.30:80"); err != nil {
 		t.Errorf("allowed source: %v", err)
 	}
-	expectBlocked(t, tp.client, kClient2, "192.0.2.30:80", false)
+	expectBlocked(t, tp.client, kClient2, "192.168.99.30:80", false)
 }
 
 func TestKernelGracefulTermination(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
-	key := vsKey{model.TCP, netip.MustParseAddr("10.96.6.10"), 80}
-	both := kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(pod1, pod2)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.1.2:5353", "10.244.2.2:5353")))
+	key := vsKey{model.TCP, netip.MustParseAddr("172.30.6.10"), 80}
+	both := kernelState(svcPort("ns/web", "172.30.6.10", 80, endpoints(pod1, pod2)), svcPort("ns/dns", "172.30.6.53", 53, udp, endpoints("10.180.1.2:5353", "10.180.2.2:5353")))
 	kernelApply(t, b, both, model.Changes{Full: true})
 
 	// An established connection, and which pod it reached.
-	conn, err := dial(tp.client, netip.Addr{}, "10.96.6.10:80", 2*time.Second)
+	conn, err := dial(tp.client, netip.Addr{}, "172.30.6.10:80", 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,11 +497,11 @@ func TestKernelGracefulTermination(t *testing.T) {
 	}
 
 	// That endpoint goes away: its real server stays, at weight 0.
-	kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(stays)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.2.2:5353"))), changed("ns/web", "ns/dns"))
+	kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.6.10", 80, endpoints(stays)), svcPort("ns/dns", "172.30.6.53", 53, udp, endpoints("10.180.2.2:5353"))), changed("ns/web", "ns/dns"))
 	if rs := realServerOf(t, key, gone); rs == nil || rs.Weight != 0 {
 		t.Fatalf("removed endpoint's real server = %+v, want it draining at weight 0", rs)
 	}
-	if rs := realServerOf(t, vsKey{model.UDP, netip.MustParseAddr("10.96.6.53"), 53}, "10.244.1.2:5353"); rs != nil {
+	if rs := realServerOf(t, vsKey{model.UDP, netip.MustParseAddr("172.30.6.53"), 53}, "10.180.1.2:5353"); rs != nil {
 		t.Errorf("UDP real server kept after its endpoint went; UDP real servers go at once")
 	}
 	// The old connection keeps working; new ones go to the endpoint that stays.
@@ -512,7 +512,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 	}
 	endpointOf := map[string]string{"pod1": pod1, "pod2": pod2}
 	for range 3 {
-		if got := mustFetch(t, tp.client, "10.96.6.10:80"); endpointOf[answeredBy(got)] != stays {
+		if got := mustFetch(t, tp.client, "172.30.6.10:80"); endpointOf[answeredBy(got)] != stays {
 			t.Fatalf("new connection answered %q, want the remaining endpoint %s", got, stays)
 		}
 	}
@@ -522,7 +522,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 	_ = conn.Close()
 	deadline := time.Now().Add(40 * time.Second)
 	for {
-		kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.6.10", 80, endpoints(stays)), svcPort("ns/dns", "10.96.6.53", 53, udp, endpoints("10.244.2.2:5353"))), changed())
+		kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.6.10", 80, endpoints(stays)), svcPort("ns/dns", "172.30.6.53", 53, udp, endpoints("10.180.2.2:5353"))), changed())
 		if realServerOf(t, key, gone) == nil {
 			break
 		}
@@ -536,7 +536,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 func TestKernelFullSyncRepairsDrift(t *testing.T) {
 	tp := newTopology(t, 1)
 	b := newKernelBackend(t, Settings{})
-	state := kernelState(svcPort("ns/web", "10.96.7.10", 80, nodePort(30090), endpoints(pod1)), svcPort("ns/lb", "10.96.7.11", 80, lbIPs("192.0.2.40"), endpoints(pod1)))
+	state := kernelState(svcPort("ns/web", "172.30.7.10", 80, nodePort(30090), endpoints(pod1)), svcPort("ns/lb", "172.30.7.11", 80, lbIPs("192.168.99.40"), endpoints(pod1)))
 	kernelApply(t, b, state, model.Changes{Full: true})
 
 	h, err := mobyipvs.New("")
@@ -544,13 +544,13 @@ func TestKernelFullSyncRepairsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	if err := h.DelService(toMobyService(vsKey{model.TCP, netip.MustParseAddr("10.96.7.10"), 80}, vsParams{})); err != nil {
+	if err := h.DelService(toMobyService(vsKey{model.TCP, netip.MustParseAddr("172.30.7.10"), 80}, vsParams{})); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "ip", "addr", "del", "192.0.2.40/32", "dev", dummyDevice)
+	run(t, "ip", "addr", "del", "192.168.99.40/32", "dev", dummyDevice)
 	run(t, "iptables", "-t", "nat", "-F", chainPostrouting)
 	run(t, "ipset", "del", "KUBE-NODE-PORT-TCP", "30090")
-	expectBlocked(t, tp.client, netip.Addr{}, "10.96.7.10:80", true)
+	expectBlocked(t, tp.client, netip.Addr{}, "172.30.7.10:80", true)
 
 	before := driftCounts()
 	kernelApply(t, b, state, model.Changes{Full: true})
@@ -560,7 +560,7 @@ func TestKernelFullSyncRepairsDrift(t *testing.T) {
 			t.Errorf("sluice_drift_repairs_total{kind=%q} did not grow (%v)", kind, after[kind])
 		}
 	}
-	for _, to := range []string{"10.96.7.10:80", "192.0.2.40:80", "203.0.113.1:30090"} {
+	for _, to := range []string{"172.30.7.10:80", "192.168.99.40:80", "192.168.0.2:30090"} {
 		mustFetch(t, tp.client, to)
 	}
 	if out := run(t, "ipset", "list", "KUBE-NODE-PORT-TCP"); !strings.Contains(out, "30090") {
@@ -578,10 +578,10 @@ func TestKernelRestartWithoutGap(t *testing.T) {
 	run(t, "nft", "add", "table", "ip", "kube-proxy")
 	run(t, "iptables", "-t", "nat", "-N", "KUBE-SVC-LEFTOVER")
 	run(t, "iptables", "-t", "nat", "-N", "KUBE-SERVICES")
-	run(t, "iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.96.8.10/32", "-j", "KUBE-SVC-LEFTOVER")
+	run(t, "iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "172.30.8.10/32", "-j", "KUBE-SVC-LEFTOVER")
 	run(t, "iptables", "-t", "nat", "-I", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
 
-	state := kernelState(svcPort("ns/web", "10.96.8.10", 80, endpoints(pod1, pod2)))
+	state := kernelState(svcPort("ns/web", "172.30.8.10", 80, endpoints(pod1, pod2)))
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, state, model.Changes{Full: true})
 	if out, _ := exec.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); !strings.Contains(string(out), "No such file") {
@@ -592,7 +592,7 @@ func TestKernelRestartWithoutGap(t *testing.T) {
 	}
 
 	// Traffic flows while a second process starts and syncs.
-	conn, err := dial(tp.client, netip.Addr{}, "10.96.8.10:80", 2*time.Second)
+	conn, err := dial(tp.client, netip.Addr{}, "172.30.8.10:80", 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +603,7 @@ func TestKernelRestartWithoutGap(t *testing.T) {
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			if _, err := fetch(tp.client, netip.Addr{}, "10.96.8.10:80"); err != nil {
+			if _, err := fetch(tp.client, netip.Addr{}, "172.30.8.10:80"); err != nil {
 				failures.Add(1)
 			} else {
 				successes.Add(1)
@@ -631,7 +631,7 @@ func TestKernelRestartWithoutGap(t *testing.T) {
 func TestKernelCleanupRemovesEverything(t *testing.T) {
 	newTopology(t, 1)
 	b := newKernelBackend(t, Settings{})
-	kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.9.10", 80, nodePort(30099), lbIPs("192.0.2.50"), sourceRanges("198.51.100.0/24"), endpoints(pod1))), model.Changes{Full: true})
+	kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.9.10", 80, nodePort(30099), lbIPs("192.168.99.50"), sourceRanges("198.51.100.0/24"), endpoints(pod1))), model.Changes{Full: true})
 	for _, f := range model.Families {
 		if err := Cleanup(context.Background(), f); err != nil {
 			t.Fatalf("Cleanup %s: %v", f, err)
@@ -730,17 +730,17 @@ func TestKernelIPSetsRoundTrip(t *testing.T) {
 	}
 	defer sets.close()
 	v4 := map[ipsetType]setEntry{
-		typeHashIP:        {IP: netip.MustParseAddr("10.96.0.10")},
-		typeHashIPPort:    {IP: netip.MustParseAddr("10.96.0.10"), Proto: 17, Port: 53},
-		typeHashIPPortIP:  {IP: netip.MustParseAddr("10.244.1.2"), Proto: 6, Port: 8080, IP2: netip.MustParseAddr("10.244.1.2")},
-		typeHashIPPortNet: {IP: netip.MustParseAddr("192.0.2.10"), Proto: 132, Port: 80, Net: netip.MustParsePrefix("198.51.100.0/24")},
+		typeHashIP:        {IP: netip.MustParseAddr("172.30.0.10")},
+		typeHashIPPort:    {IP: netip.MustParseAddr("172.30.0.10"), Proto: 17, Port: 53},
+		typeHashIPPortIP:  {IP: netip.MustParseAddr("10.180.1.2"), Proto: 6, Port: 8080, IP2: netip.MustParseAddr("10.180.1.2")},
+		typeHashIPPortNet: {IP: netip.MustParseAddr("192.168.99.10"), Proto: 132, Port: 80, Net: netip.MustParsePrefix("198.51.100.0/24")},
 		typeBitmapPort:    {Port: 30080},
 	}
 	v6 := map[ipsetType]setEntry{
-		typeHashIP:        {IP: netip.MustParseAddr("fd00::10")},
-		typeHashIPPort:    {IP: netip.MustParseAddr("fd00::10"), Proto: 6, Port: 80},
-		typeHashIPPortIP:  {IP: netip.MustParseAddr("fd00:244::2"), Proto: 6, Port: 8080, IP2: netip.MustParseAddr("fd00:244::2")},
-		typeHashIPPortNet: {IP: netip.MustParseAddr("2001:db8::10"), Proto: 6, Port: 443, Net: netip.MustParsePrefix("2001:db8:1::/48")},
+		typeHashIP:        {IP: netip.MustParseAddr("fd00:172:30::10")},
+		typeHashIPPort:    {IP: netip.MustParseAddr("fd00:172:30::10"), Proto: 6, Port: 80},
+		typeHashIPPortIP:  {IP: netip.MustParseAddr("fd00:10::2"), Proto: 6, Port: 8080, IP2: netip.MustParseAddr("fd00:10::2")},
+		typeHashIPPortNet: {IP: netip.MustParseAddr("2001:db8::10"), Proto: 6, Port: 443, Net: netip.MustParsePrefix("2001:db8:77::/64")},
 		typeBitmapPort:    {Port: 32000},
 	}
 	for family, entries := range map[model.IPFamily]map[ipsetType]setEntry{model.IPv4: v4, model.IPv6: v6} {
@@ -785,47 +785,47 @@ func TestKernelIPSetsRoundTrip(t *testing.T) {
 // TestKernelIPv6 runs an IPv6 Service through the IPv6 backend: ClusterIP (held by
 // kube-ipvs0) and NodePort, from a client outside the cluster.
 //
-//	client fd00:c::2/64, node fd00:c::1/64; pod fd00:244:1::2/64 behind fd00:244:1::1
+//	client 2001:db8::10/64, node 2001:db8::1/64; pod fd00:10::2/64 behind fd00:10::1
 func TestKernelIPv6(t *testing.T) {
 	tp := newTopology(t, 1)
 	n := topoCount.Load()
 	clientLink, podLink := fmt.Sprintf("vc%d", n), fmt.Sprintf("vp%d_1", n)
 	run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
-	run(t, "ip", "-6", "addr", "add", "fd00:c::1/64", "dev", clientLink, "nodad")
-	run(t, "ip", "-n", tp.client, "-6", "addr", "add", "fd00:c::2/64", "dev", "eth0", "nodad")
-	run(t, "ip", "-n", tp.client, "-6", "route", "add", "default", "via", "fd00:c::1")
-	run(t, "ip", "-6", "addr", "add", "fd00:244:1::1/64", "dev", podLink, "nodad")
-	run(t, "ip", "-n", tp.pods[0], "-6", "addr", "add", "fd00:244:1::2/64", "dev", "eth0", "nodad")
-	run(t, "ip", "-n", tp.pods[0], "-6", "route", "add", "default", "via", "fd00:244:1::1")
+	run(t, "ip", "-6", "addr", "add", "2001:db8::1/64", "dev", clientLink, "nodad")
+	run(t, "ip", "-n", tp.client, "-6", "addr", "add", "2001:db8::10/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", tp.client, "-6", "route", "add", "default", "via", "2001:db8::1")
+	run(t, "ip", "-6", "addr", "add", "fd00:10::1/64", "dev", podLink, "nodad")
+	run(t, "ip", "-n", tp.pods[0], "-6", "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", tp.pods[0], "-6", "route", "add", "default", "via", "fd00:10::1")
 
 	cfg := kernelConfig()
 	cfg.Family = model.IPv6
-	cfg.LocalDetector.CIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:244::/48")}
+	cfg.LocalDetector.CIDRs = []netip.Prefix{netip.MustParsePrefix("fd00:10::/64")}
 	b, err := New(context.Background(), cfg, Settings{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	state := stateOfFamily(model.IPv6,
-		svcPort("ns/web6", "fd00:96::10", 80, nodePort(30600), endpoints("[fd00:244:1::2]:8080")),
-		svcPort("ns/none6", "fd00:96::11", 80, nodePort(30611)),
-		svcPort("ns/none6udp", "fd00:96::12", 53, udp))
-	state.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:c::1")}}
+		svcPort("ns/web6", "fd00:172:30::10", 80, nodePort(30600), endpoints("[fd00:10::2]:8080")),
+		svcPort("ns/none6", "fd00:172:30::11", 80, nodePort(30611)),
+		svcPort("ns/none6udp", "fd00:172:30::12", 53, udp))
+	state.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{netip.MustParseAddr("2001:db8::1")}}
 	kernelApply(t, b, state, model.Changes{Full: true})
-	for _, to := range []string{"[fd00:96::10]:80", "[fd00:c::1]:30600"} {
+	for _, to := range []string{"[fd00:172:30::10]:80", "[2001:db8::1]:30600"} {
 		if reply := mustFetch(t, tp.client, to); answeredBy(reply) != "pod1" {
 			t.Errorf("%s answered %q", to, reply)
 		}
 	}
 	// Other ports of a Service address: TCP refused with a reset at once (an ICMPv6 error
 	// counts only at the SYN's retransmit), UDP with ICMPv6 port unreachable.
-	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:96::10]:22")
-	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:96::10]:22")
+	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:172:30::10]:22")
+	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:172:30::10]:22")
 	// A Service without endpoints: TCP is refused with a reset at once, on its ClusterIP and
 	// its NodePort (IPVS's own ICMPv6 port unreachable would count only at the SYN's
 	// retransmit, after a second); UDP keeps IPVS's ICMPv6 port unreachable.
-	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:96::11]:80")
-	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:c::1]:30611")
-	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:96::12]:53")
+	expectRefusedAtOnce(t, tp.client, "tcp", "[fd00:172:30::11]:80")
+	expectRefusedAtOnce(t, tp.client, "tcp", "[2001:db8::1]:30611")
+	expectRefusedAtOnce(t, tp.client, "udp", "[fd00:172:30::12]:53")
 	if out := run(t, "ipset", "list", "-n"); !strings.Contains(out, "KUBE-6-CLUSTER-IP") {
 		t.Errorf("IPv6 sets missing:\n%s", out)
 	}
@@ -844,8 +844,8 @@ func TestKernelLegacyFlavour(t *testing.T) {
 	if b.Flavour() != FlavourLegacy {
 		t.Fatalf("flavour %s", b.Flavour())
 	}
-	kernelApply(t, b, kernelState(svcPort("ns/web", "10.96.10.10", 80, nodePort(30110), endpoints(pod1))), model.Changes{Full: true})
-	for _, to := range []string{"10.96.10.10:80", "203.0.113.1:30110"} {
+	kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.10.10", 80, nodePort(30110), endpoints(pod1))), model.Changes{Full: true})
+	for _, to := range []string{"172.30.10.10:80", "192.168.0.2:30110"} {
 		if reply := mustFetch(t, tp.client, to); sourceSeen(reply) == kClient.String() {
 			t.Errorf("%s: not masqueraded with the legacy flavour's rules (%q)", to, reply)
 		}
@@ -875,9 +875,9 @@ func TestKernelSCTP(t *testing.T) {
 		go func() { _ = s.Serve(ctx) }()
 	}
 	b := newKernelBackend(t, Settings{})
-	sp := svcPort("ns/sctp", "10.96.11.10", 80, sctp, nodePort(30111), endpoints("10.244.1.2:9000", "10.244.2.2:9000"))
+	sp := svcPort("ns/sctp", "172.30.11.10", 80, sctp, nodePort(30111), endpoints("10.180.1.2:9000", "10.180.2.2:9000"))
 	kernelApply(t, b, kernelState(sp), model.Changes{Full: true})
-	for _, target := range []string{"10.96.11.10:80", "203.0.113.1:30111"} {
+	for _, target := range []string{"172.30.11.10:80", "192.168.0.2:30111"} {
 		seen := map[string]int{}
 		for range 4 {
 			var out echo.Outcome
@@ -896,7 +896,7 @@ func TestKernelSCTP(t *testing.T) {
 			t.Errorf("SCTP to %s answered by %v, want both pods", target, seen)
 		}
 	}
-	if out := run(t, "ipset", "list", "KUBE-NODE-PORT-SCTP-HASH"); !strings.Contains(out, "203.0.113.1,sctp:30111") {
+	if out := run(t, "ipset", "list", "KUBE-NODE-PORT-SCTP-HASH"); !strings.Contains(out, "192.168.0.2,sctp:30111") {
 		t.Errorf("SCTP NodePort set:\n%s", out)
 	}
 }

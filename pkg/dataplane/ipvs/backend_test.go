@@ -25,10 +25,10 @@ func TestFirstSyncProgramsEveryKindOfFrontend(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/web", "10.96.0.10", 80, endpoints("10.244.1.2:8080", "10.244.2.3:8080")),
-		svcPort("ns/np", "10.96.0.11", 80, nodePort(30080), endpoints("10.244.2.4:8080")),
-		svcPort("ns/lb", "10.96.0.12", 443, nodePort(30443), lbIPs("203.0.113.7"), externalIPs("192.0.2.9"), endpoints("10.244.2.5:8443")),
-		svcPort("ns/dns", "10.96.0.13", 53, udp, endpoints("10.244.2.6:5353")),
+		svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
+		svcPort("ns/np", "172.30.0.11", 80, nodePort(30080), endpoints("10.180.2.4:8080")),
+		svcPort("ns/lb", "172.30.0.12", 443, nodePort(30443), lbIPs("5.6.7.7"), externalIPs("192.168.99.9"), endpoints("10.180.2.5:8443")),
+		svcPort("ns/dns", "172.30.0.13", 53, udp, endpoints("10.180.2.6:5353")),
 	)
 	res := mustApply(t, b, state, model.Changes{Full: true})
 	if !res.Full {
@@ -36,30 +36,30 @@ func TestFirstSyncProgramsEveryKindOfFrontend(t *testing.T) {
 	}
 
 	want := strings.Join([]string{
-		"TCP 10.96.0.10:80 rr", "  -> 10.244.1.2:8080 1", "  -> 10.244.2.3:8080 1",
-		"TCP 10.96.0.11:80 rr", "  -> 10.244.2.4:8080 1",
-		"TCP 10.96.0.12:443 rr", "  -> 10.244.2.5:8443 1",
-		"UDP 10.96.0.13:53 rr", "  -> 10.244.2.6:5353 1",
-		"TCP 192.0.2.9:443 rr", "  -> 10.244.2.5:8443 1",
-		"TCP 192.168.0.10:30080 rr", "  -> 10.244.2.4:8080 1",
-		"TCP 192.168.0.10:30443 rr", "  -> 10.244.2.5:8443 1",
-		"TCP 203.0.113.7:443 rr", "  -> 10.244.2.5:8443 1",
+		"TCP 5.6.7.7:443 rr", "  -> 10.180.2.5:8443 1",
+		"TCP 172.30.0.10:80 rr", "  -> 10.180.1.2:8080 1", "  -> 10.180.2.3:8080 1",
+		"TCP 172.30.0.11:80 rr", "  -> 10.180.2.4:8080 1",
+		"TCP 172.30.0.12:443 rr", "  -> 10.180.2.5:8443 1",
+		"UDP 172.30.0.13:53 rr", "  -> 10.180.2.6:5353 1",
+		"TCP 192.168.0.2:30080 rr", "  -> 10.180.2.4:8080 1",
+		"TCP 192.168.0.2:30443 rr", "  -> 10.180.2.5:8443 1",
+		"TCP 192.168.99.9:443 rr", "  -> 10.180.2.5:8443 1",
 	}, "\n") + "\n"
 	if diff := cmp.Diff(want, k.dumpIPVS()); diff != "" {
 		t.Errorf("IPVS table (-want +got):\n%s", diff)
 	}
 	// ClusterIPs, the externalIP and the LB IP are held by the dummy device; NodePorts
 	// listen on the node's own address, which is never bound there.
-	if diff := cmp.Diff([]string{"10.96.0.10", "10.96.0.11", "10.96.0.12", "10.96.0.13", "192.0.2.9", "203.0.113.7"}, k.dummyAddrs()); diff != "" {
+	if diff := cmp.Diff([]string{"172.30.0.10", "172.30.0.11", "172.30.0.12", "172.30.0.13", "192.168.99.9", "5.6.7.7"}, k.dummyAddrs()); diff != "" {
 		t.Errorf("kube-ipvs0 addresses (-want +got):\n%s", diff)
 	}
 	for set, want := range map[string][]string{
-		"KUBE-CLUSTER-IP":    {"10.96.0.10,tcp:80", "10.96.0.11,tcp:80", "10.96.0.12,tcp:443", "10.96.0.13,udp:53"},
+		"KUBE-CLUSTER-IP":    {"172.30.0.10,tcp:80", "172.30.0.11,tcp:80", "172.30.0.12,tcp:443", "172.30.0.13,udp:53"},
 		"KUBE-NODE-PORT-TCP": {"30080", "30443"},
-		"KUBE-LOAD-BALANCER": {"203.0.113.7,tcp:443"},
-		"KUBE-EXTERNAL-IP":   {"192.0.2.9,tcp:443"},
-		"KUBE-LOOP-BACK":     {"10.244.1.2,tcp:8080,10.244.1.2"},
-		"KUBE-IPVS-IPS":      {"10.96.0.10", "10.96.0.11", "10.96.0.12", "10.96.0.13", "192.0.2.9", "203.0.113.7"},
+		"KUBE-LOAD-BALANCER": {"5.6.7.7,tcp:443"},
+		"KUBE-EXTERNAL-IP":   {"192.168.99.9,tcp:443"},
+		"KUBE-LOOP-BACK":     {"10.180.1.2,tcp:8080,10.180.1.2"},
+		"KUBE-IPVS-IPS":      {"172.30.0.10", "172.30.0.11", "172.30.0.12", "172.30.0.13", "192.168.99.9", "5.6.7.7"},
 	} {
 		if diff := cmp.Diff(want, k.setEntries(set)); diff != "" {
 			t.Errorf("ipset %s (-want +got):\n%s", set, diff)
@@ -89,18 +89,18 @@ func TestSchedulersComeFromConfigAndAnnotation(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{Scheduler: "lc"})
 	state := stateOf(
-		svcPort("ns/default", "10.96.0.10", 80, endpoints("10.244.2.3:8080")),
-		svcPort("ns/sh", "10.96.0.11", 80, scheduler("sh"), endpoints("10.244.2.3:8080")),
-		svcPort("ns/mh", "10.96.0.12", 80, scheduler("mh"), nodePort(30012), endpoints("10.244.2.3:8080")),
-		svcPort("ns/sticky", "10.96.0.13", 80, affinity(10800), endpoints("10.244.2.3:8080")),
+		svcPort("ns/default", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
+		svcPort("ns/sh", "172.30.0.11", 80, scheduler("sh"), endpoints("10.180.2.3:8080")),
+		svcPort("ns/mh", "172.30.0.12", 80, scheduler("mh"), nodePort(30012), endpoints("10.180.2.3:8080")),
+		svcPort("ns/sticky", "172.30.0.13", 80, affinity(10800), endpoints("10.180.2.3:8080")),
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	for key, want := range map[vsKey]vsParams{
-		{model.TCP, addr("10.96.0.10"), 80}:      {Scheduler: "lc"},
-		{model.TCP, addr("10.96.0.11"), 80}:      {Scheduler: "sh"},
-		{model.TCP, addr("10.96.0.12"), 80}:      {Scheduler: "mh", Flags: flagSched2},
-		{model.TCP, addr("192.168.0.10"), 30012}: {Scheduler: "mh", Flags: flagSched2},
-		{model.TCP, addr("10.96.0.13"), 80}:      {Scheduler: "lc", Flags: flagPersistent, Timeout: 10800},
+		{model.TCP, addr("172.30.0.10"), 80}:      {Scheduler: "lc"},
+		{model.TCP, addr("172.30.0.11"), 80}:      {Scheduler: "sh"},
+		{model.TCP, addr("172.30.0.12"), 80}:      {Scheduler: "mh", Flags: flagSched2},
+		{model.TCP, addr("192.168.0.2"), 30012}: {Scheduler: "mh", Flags: flagSched2},
+		{model.TCP, addr("172.30.0.13"), 80}:      {Scheduler: "lc", Flags: flagPersistent, Timeout: 10800},
 	} {
 		vs, ok := k.services[key]
 		if !ok {
@@ -115,20 +115,20 @@ func TestSchedulersComeFromConfigAndAnnotation(t *testing.T) {
 	// Changing the annotation changes the scheduler in place: the virtual server and its
 	// connections stay.
 	state = stateOf(
-		svcPort("ns/default", "10.96.0.10", 80, endpoints("10.244.2.3:8080")),
-		svcPort("ns/sh", "10.96.0.11", 80, scheduler("wrr"), endpoints("10.244.2.3:8080")),
-		svcPort("ns/mh", "10.96.0.12", 80, scheduler("mh"), nodePort(30012), endpoints("10.244.2.3:8080")),
-		svcPort("ns/sticky", "10.96.0.13", 80, affinity(10800), endpoints("10.244.2.3:8080")),
+		svcPort("ns/default", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
+		svcPort("ns/sh", "172.30.0.11", 80, scheduler("wrr"), endpoints("10.180.2.3:8080")),
+		svcPort("ns/mh", "172.30.0.12", 80, scheduler("mh"), nodePort(30012), endpoints("10.180.2.3:8080")),
+		svcPort("ns/sticky", "172.30.0.13", 80, affinity(10800), endpoints("10.180.2.3:8080")),
 	)
 	k.calls = nil
 	mustApply(t, b, state, changed("ns/sh"))
-	if want := []string{"update-vs 10.96.0.11:80/TCP"}; !slices.Equal(k.calls, want) {
+	if want := []string{"update-vs 172.30.0.11:80/TCP"}; !slices.Equal(k.calls, want) {
 		t.Errorf("calls = %v, want %v", k.calls, want)
 	}
 }
 
 func TestTrafficPoliciesChooseRealServers(t *testing.T) {
-	local, remote := "10.244.1.2:8080", "10.244.2.3:8080"
+	local, remote := "10.180.1.2:8080", "10.180.2.3:8080"
 	cip := func(s string) vsKey { return vsKey{model.TCP, addr(s), 80} }
 	np := func(p uint16) vsKey { return vsKey{model.TCP, nodeIP, p} }
 	tests := []struct {
@@ -140,40 +140,40 @@ func TestTrafficPoliciesChooseRealServers(t *testing.T) {
 		noLocal, noEndpoints []string
 	}{{
 		name: "cluster policy uses every endpoint",
-		port: svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), endpoints(local, remote)),
-		want: map[vsKey][]string{cip("10.96.0.10"): {local, remote}, np(30010): {local, remote}},
+		port: svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), endpoints(local, remote)),
+		want: map[vsKey][]string{cip("172.30.0.10"): {local, remote}, np(30010): {local, remote}},
 	}, {
 		name: "external Local uses local endpoints for external frontends only",
-		port: svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal, endpoints(local, remote)),
-		want: map[vsKey][]string{cip("10.96.0.10"): {local, remote}, np(30010): {local}},
+		port: svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalLocal, endpoints(local, remote)),
+		want: map[vsKey][]string{cip("172.30.0.10"): {local, remote}, np(30010): {local}},
 	}, {
 		name:    "external Local without local endpoints falls back to the cluster's and drops outside traffic",
-		port:    svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal, endpoints(remote)),
-		want:    map[vsKey][]string{cip("10.96.0.10"): {remote}, np(30010): {remote}},
-		noLocal: []string{"192.168.0.10,tcp:30010"},
+		port:    svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalLocal, endpoints(remote)),
+		want:    map[vsKey][]string{cip("172.30.0.10"): {remote}, np(30010): {remote}},
+		noLocal: []string{"192.168.0.2,tcp:30010"},
 	}, {
 		name:        "external Local without any endpoint has no real server and nothing to drop",
-		port:        svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalLocal),
-		want:        map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): nil},
-		noEndpoints: []string{"10.96.0.10,tcp:80", "192.168.0.10,tcp:30010"},
+		port:        svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalLocal),
+		want:        map[vsKey][]string{cip("172.30.0.10"): nil, np(30010): nil},
+		noEndpoints: []string{"172.30.0.10,tcp:80", "192.168.0.2,tcp:30010"},
 	}, {
 		name:        "cluster policy without any endpoint refuses every frontend with a reset",
-		port:        svcPort("ns/a", "10.96.0.10", 80, nodePort(30010), externalIPs("203.0.113.7")),
-		want:        map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): nil, cip("203.0.113.7"): nil},
-		noEndpoints: []string{"10.96.0.10,tcp:80", "192.168.0.10,tcp:30010", "203.0.113.7,tcp:80"},
+		port:        svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalIPs("5.6.7.7")),
+		want:        map[vsKey][]string{cip("172.30.0.10"): nil, np(30010): nil, cip("5.6.7.7"): nil},
+		noEndpoints: []string{"172.30.0.10,tcp:80", "192.168.0.2,tcp:30010", "5.6.7.7,tcp:80"},
 	}, {
 		name: "UDP without any endpoint is left to IPVS",
-		port: svcPort("ns/a", "10.96.0.10", 53, udp, nodePort(30053)),
-		want: map[vsKey][]string{{model.UDP, addr("10.96.0.10"), 53}: nil, {model.UDP, nodeIP, 30053}: nil},
+		port: svcPort("ns/a", "172.30.0.10", 53, udp, nodePort(30053)),
+		want: map[vsKey][]string{{model.UDP, addr("172.30.0.10"), 53}: nil, {model.UDP, nodeIP, 30053}: nil},
 	}, {
 		name: "internal Local uses local endpoints for the ClusterIP",
-		port: svcPort("ns/a", "10.96.0.10", 80, internalLocal, endpoints(local, remote)),
-		want: map[vsKey][]string{cip("10.96.0.10"): {local}},
+		port: svcPort("ns/a", "172.30.0.10", 80, internalLocal, endpoints(local, remote)),
+		want: map[vsKey][]string{cip("172.30.0.10"): {local}},
 	}, {
 		name:        "internal Local without local endpoints leaves the ClusterIP without real servers",
-		port:        svcPort("ns/a", "10.96.0.10", 80, internalLocal, nodePort(30010), endpoints(remote)),
-		want:        map[vsKey][]string{cip("10.96.0.10"): nil, np(30010): {remote}},
-		noEndpoints: []string{"10.96.0.10,tcp:80"},
+		port:        svcPort("ns/a", "172.30.0.10", 80, internalLocal, nodePort(30010), endpoints(remote)),
+		want:        map[vsKey][]string{cip("172.30.0.10"): nil, np(30010): {remote}},
+		noEndpoints: []string{"172.30.0.10,tcp:80"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -214,20 +214,20 @@ func TestPartialSyncTouchesOnlyChangedServices(t *testing.T) {
 	b, _ := newTestBackend(t, k, Settings{})
 	var ports []*model.ServicePort
 	for i := range 200 {
-		ports = append(ports, svcPort(fmt.Sprintf("ns/s%03d", i), fmt.Sprintf("10.96.1.%d", i), 80, nodePort(int32(30000+i)),
-			endpoints(fmt.Sprintf("10.244.2.%d:8080", i))))
+		ports = append(ports, svcPort(fmt.Sprintf("ns/s%03d", i), fmt.Sprintf("172.30.1.%d", i), 80, nodePort(int32(30000+i)),
+			endpoints(fmt.Sprintf("10.180.2.%d:8080", i))))
 	}
 	mustApply(t, b, stateOf(ports...), model.Changes{Full: true})
 	restores := len(k.restores)
 
-	ports[7] = svcPort("ns/s007", "10.96.1.7", 80, nodePort(30007), endpoints("10.244.2.7:8080", "10.244.2.99:8080"))
+	ports[7] = svcPort("ns/s007", "172.30.1.7", 80, nodePort(30007), endpoints("10.180.2.7:8080", "10.180.2.99:8080"))
 	k.calls = nil
 	mustApply(t, b, stateOf(ports...), changed("ns/s007"))
 	st := b.LastStats()
 	if st.Full {
 		t.Fatalf("sync was full")
 	}
-	want := []string{"add-rs 10.96.1.7:80/TCP 10.244.2.99:8080", "add-rs 192.168.0.10:30007/TCP 10.244.2.99:8080"}
+	want := []string{"add-rs 172.30.1.7:80/TCP 10.180.2.99:8080", "add-rs 192.168.0.2:30007/TCP 10.180.2.99:8080"}
 	if diff := cmp.Diff(want, k.calls); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
@@ -242,9 +242,9 @@ func TestPartialSyncTouchesOnlyChangedServices(t *testing.T) {
 	ports = slices.Delete(ports, 7, 8)
 	k.calls = nil
 	mustApply(t, b, stateOf(ports...), changed("ns/s007"))
-	want = []string{"delete-vs 10.96.1.7:80/TCP", "delete-vs 192.168.0.10:30007/TCP",
-		"del-entry KUBE-IPVS-IPS 10.96.1.7", "del-entry KUBE-CLUSTER-IP 10.96.1.7,tcp:80", "del-entry KUBE-NODE-PORT-TCP 30007",
-		"del-addr kube-ipvs0 10.96.1.7"}
+	want = []string{"delete-vs 172.30.1.7:80/TCP", "delete-vs 192.168.0.2:30007/TCP",
+		"del-entry KUBE-IPVS-IPS 172.30.1.7", "del-entry KUBE-CLUSTER-IP 172.30.1.7,tcp:80", "del-entry KUBE-NODE-PORT-TCP 30007",
+		"del-addr kube-ipvs0 172.30.1.7"}
 	if diff := cmp.Diff(want, k.calls); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
@@ -253,14 +253,14 @@ func TestPartialSyncTouchesOnlyChangedServices(t *testing.T) {
 func TestGracefulTermination(t *testing.T) {
 	k := newFakeNode()
 	b, clock := newTestBackend(t, k, Settings{})
-	web := vsKey{model.TCP, addr("10.96.0.10"), 80}
-	dns := vsKey{model.UDP, addr("10.96.0.53"), 53}
-	old, next := addrPort("10.244.2.3:8080"), addrPort("10.244.2.4:8080")
-	oldDNS := addrPort("10.244.2.3:5353")
-	other := svcPort("ns/other", "10.96.0.99", 80, endpoints("10.244.2.9:8080"))
+	web := vsKey{model.TCP, addr("172.30.0.10"), 80}
+	dns := vsKey{model.UDP, addr("172.30.0.53"), 53}
+	old, next := addrPort("10.180.2.3:8080"), addrPort("10.180.2.4:8080")
+	oldDNS := addrPort("10.180.2.3:5353")
+	other := svcPort("ns/other", "172.30.0.99", 80, endpoints("10.180.2.9:8080"))
 	state := func(webEPs, dnsEPs []string) *model.NodeState {
-		return stateOf(svcPort("ns/web", "10.96.0.10", 80, endpoints(webEPs...)),
-			svcPort("ns/dns", "10.96.0.53", 53, udp, endpoints(dnsEPs...)), other)
+		return stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints(webEPs...)),
+			svcPort("ns/dns", "172.30.0.53", 53, udp, endpoints(dnsEPs...)), other)
 	}
 	mustApply(t, b, state([]string{old.String()}, []string{oldDNS.String()}), model.Changes{Full: true})
 	k.setConnections(web, old, 1, 0)
@@ -268,7 +268,7 @@ func TestGracefulTermination(t *testing.T) {
 
 	// The endpoint goes: its TCP real server stays at weight 0 while a connection is open;
 	// UDP's goes at once.
-	mustApply(t, b, state([]string{next.String()}, []string{"10.244.2.4:5353"}), changed("ns/web", "ns/dns"))
+	mustApply(t, b, state([]string{next.String()}, []string{"10.180.2.4:5353"}), changed("ns/web", "ns/dns"))
 	if rs := k.services[web].dests[old]; rs == nil || rs.Weight != 0 {
 		t.Fatalf("old TCP real server = %+v, want it kept at weight 0", rs)
 	}
@@ -282,15 +282,15 @@ func TestGracefulTermination(t *testing.T) {
 	// Syncs about other Services look at the draining one too; it stays while the
 	// connection lives...
 	k.calls = nil
-	mustApply(t, b, state([]string{next.String()}, []string{"10.244.2.4:5353"}), changed("ns/other"))
+	mustApply(t, b, state([]string{next.String()}, []string{"10.180.2.4:5353"}), changed("ns/other"))
 	if len(k.calls) != 0 {
 		t.Errorf("calls = %v, want none while the connection lives", k.calls)
 	}
 	// ... and is deleted by the first sync after it ended, even one with no changes.
 	k.setConnections(web, old, 0, 0)
 	clock.step(time.Second)
-	mustApply(t, b, state([]string{next.String()}, []string{"10.244.2.4:5353"}), changed())
-	if want := []string{"delete-rs 10.96.0.10:80/TCP 10.244.2.3:8080"}; !slices.Equal(k.calls, want) {
+	mustApply(t, b, state([]string{next.String()}, []string{"10.180.2.4:5353"}), changed())
+	if want := []string{"delete-rs 172.30.0.10:80/TCP 10.180.2.3:8080"}; !slices.Equal(k.calls, want) {
 		t.Errorf("calls = %v, want %v", k.calls, want)
 	}
 	if b.LastStats().Draining != 0 {
@@ -301,19 +301,19 @@ func TestGracefulTermination(t *testing.T) {
 func TestEndpointReturningWhileDrainingKeepsItsConnections(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
-	web := vsKey{model.TCP, addr("10.96.0.10"), 80}
-	ep := addrPort("10.244.2.3:8080")
-	mustApply(t, b, stateOf(svcPort("ns/web", "10.96.0.10", 80, endpoints(ep.String(), "10.244.2.4:8080"))), model.Changes{Full: true})
+	web := vsKey{model.TCP, addr("172.30.0.10"), 80}
+	ep := addrPort("10.180.2.3:8080")
+	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints(ep.String(), "10.180.2.4:8080"))), model.Changes{Full: true})
 	k.setConnections(web, ep, 3, 1)
-	mustApply(t, b, stateOf(svcPort("ns/web", "10.96.0.10", 80, endpoints("10.244.2.4:8080"))), changed("ns/web"))
+	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.2.4:8080"))), changed("ns/web"))
 	if k.services[web].dests[ep].Weight != 0 {
 		t.Fatalf("real server not draining")
 	}
 	// Upstream deletes and re-adds it, which (with expire_nodest_conn) kills its
 	// connections; sluice puts it back in rotation.
 	k.calls = nil
-	mustApply(t, b, stateOf(svcPort("ns/web", "10.96.0.10", 80, endpoints(ep.String(), "10.244.2.4:8080"))), changed("ns/web"))
-	if want := []string{"update-rs 10.96.0.10:80/TCP 10.244.2.3:8080 weight 1"}; !slices.Equal(k.calls, want) {
+	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints(ep.String(), "10.180.2.4:8080"))), changed("ns/web"))
+	if want := []string{"update-rs 172.30.0.10:80/TCP 10.180.2.3:8080 weight 1"}; !slices.Equal(k.calls, want) {
 		t.Errorf("calls = %v, want %v", k.calls, want)
 	}
 	if rs := k.services[web].dests[ep]; rs.Active != 3 || rs.Weight != 1 {
@@ -325,8 +325,8 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	k := newFakeNode()
 	b, clock := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/web", "10.96.0.10", 80, nodePort(30080), endpoints("10.244.1.2:8080", "10.244.2.3:8080")),
-		svcPort("ns/lb", "10.96.0.11", 443, lbIPs("203.0.113.7"), sourceRanges("198.51.100.0/24"), endpoints("10.244.2.5:8443")),
+		svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
+		svcPort("ns/lb", "172.30.0.11", 443, lbIPs("5.6.7.7"), sourceRanges("198.51.100.0/24"), endpoints("10.180.2.5:8443")),
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	want := k.snapshot()
@@ -338,14 +338,14 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	}
 
 	// Someone deletes things by hand.
-	delete(k.services, vsKey{model.TCP, addr("10.96.0.10"), 80})
-	delete(k.services[vsKey{model.TCP, nodeIP, 30080}].dests, addrPort("10.244.2.3:8080"))
-	k.services[vsKey{model.TCP, addr("10.96.0.11"), 443}].params.Scheduler = "wlc"
-	k.links[dummyDevice] = slices.DeleteFunc(k.links[dummyDevice], func(a netip.Addr) bool { return a == addr("203.0.113.7") })
-	delete(k.sets["KUBE-CLUSTER-IP"].entries, setEntry{IP: addr("10.96.0.10"), Proto: 6, Port: 80})
+	delete(k.services, vsKey{model.TCP, addr("172.30.0.10"), 80})
+	delete(k.services[vsKey{model.TCP, nodeIP, 30080}].dests, addrPort("10.180.2.3:8080"))
+	k.services[vsKey{model.TCP, addr("172.30.0.11"), 443}].params.Scheduler = "wlc"
+	k.links[dummyDevice] = slices.DeleteFunc(k.links[dummyDevice], func(a netip.Addr) bool { return a == addr("5.6.7.7") })
+	delete(k.sets["KUBE-CLUSTER-IP"].entries, setEntry{IP: addr("172.30.0.10"), Proto: 6, Port: 80})
 	k.tables[tableNAT].chains[chainServices] = nil
 	k.tables[tableFilter].chains["INPUT"] = nil
-	k.services[vsKey{model.TCP, addr("10.96.7.7"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
+	k.services[vsKey{model.TCP, addr("172.30.7.7"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
 
 	// A partial sync does not look; the periodic full sync does.
 	mustApply(t, b, state, changed())
@@ -375,8 +375,8 @@ func TestRestartConvergesWithoutDisruption(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/web", "10.96.0.10", 80, nodePort(30080), affinity(60), endpoints("10.244.1.2:8080", "10.244.2.3:8080")),
-		svcPort("ns/lb", "10.96.0.11", 443, lbIPs("203.0.113.7"), externalLocal, endpoints("10.244.1.5:8443")),
+		svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), affinity(60), endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
+		svcPort("ns/lb", "172.30.0.11", 443, lbIPs("5.6.7.7"), externalLocal, endpoints("10.180.1.5:8443")),
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	want := k.snapshot()
@@ -397,45 +397,45 @@ func TestRestartConvergesWithoutDisruption(t *testing.T) {
 
 func TestStartConvergesWhatUpstreamLeft(t *testing.T) {
 	k := newFakeNode()
-	web := vsKey{model.TCP, addr("10.96.0.10"), 80}
+	web := vsKey{model.TCP, addr("172.30.0.10"), 80}
 	// Upstream's ipvs mode ran: a virtual server with a real server it left at weight 0
 	// (its graceful-termination list died with it), one for a Service gone since, one in
 	// excludeCIDRs, an IPv6 one (not this backend's family), its device, sets and chains.
 	k.services[web] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{
-		addrPort("10.244.2.3:8080"): {Addr: addrPort("10.244.2.3:8080"), Weight: 1},
-		addrPort("10.244.2.8:8080"): {Addr: addrPort("10.244.2.8:8080"), Weight: 0},
+		addrPort("10.180.2.3:8080"): {Addr: addrPort("10.180.2.3:8080"), Weight: 1},
+		addrPort("10.180.2.8:8080"): {Addr: addrPort("10.180.2.8:8080"), Weight: 0},
 	}}
-	k.services[vsKey{model.TCP, addr("10.96.0.66"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
+	k.services[vsKey{model.TCP, addr("172.30.0.66"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
 	k.services[vsKey{model.TCP, addr("172.16.0.1"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
-	k.services[vsKey{model.TCP, addr("fd00::10"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
-	k.links[dummyDevice] = []netip.Addr{addr("10.96.0.10"), addr("10.96.0.66"), addr("fd00::10")}
+	k.services[vsKey{model.TCP, addr("fd00:172:30::10"), 80}] = &fakeVS{params: vsParams{Scheduler: "rr"}, dests: map[netip.AddrPort]*realServer{}}
+	k.links[dummyDevice] = []netip.Addr{addr("172.30.0.10"), addr("172.30.0.66"), addr("fd00:172:30::10")}
 	k.sets["KUBE-CLUSTER-IP"] = &fakeSet{typ: typeHashIPPort, family: model.IPv4, entries: map[setEntry]bool{
-		{IP: addr("10.96.0.10"), Proto: 6, Port: 80}: true, {IP: addr("10.96.0.66"), Proto: 6, Port: 80}: true}}
+		{IP: addr("172.30.0.10"), Proto: 6, Port: 80}: true, {IP: addr("172.30.0.66"), Proto: 6, Port: 80}: true}}
 	mustRestore(t, k, `*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-MARK-MASQ - [0:0]
 -I PREROUTING 1 -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ
 COMMIT
 `)
 
 	b, _ := newTestBackend(t, k, Settings{ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("172.16.0.0/16")}})
 	k.calls = nil
-	mustApply(t, b, stateOf(svcPort("ns/web", "10.96.0.10", 80, endpoints("10.244.2.3:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
 	for _, c := range k.calls {
 		if strings.HasPrefix(c, "delete-vs "+web.String()) || strings.HasPrefix(c, "add-vs "+web.String()) {
 			t.Errorf("the Service's virtual server was recreated: %s", c)
 		}
 	}
 	wantIPVS := strings.Join([]string{
-		"TCP 10.96.0.10:80 rr", "  -> 10.244.2.3:8080 1",
 		"TCP 172.16.0.1:80 rr",
-		"TCP [fd00::10]:80 rr",
+		"TCP 172.30.0.10:80 rr", "  -> 10.180.2.3:8080 1",
+		"TCP [fd00:172:30::10]:80 rr",
 	}, "\n") + "\n"
 	if diff := cmp.Diff(wantIPVS, k.dumpIPVS()); diff != "" {
 		t.Errorf("IPVS table (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{"10.96.0.10", "fd00::10"}, k.dummyAddrs()); diff != "" {
+	if diff := cmp.Diff([]string{"172.30.0.10", "fd00:172:30::10"}, k.dummyAddrs()); diff != "" {
 		t.Errorf("kube-ipvs0 (-want +got):\n%s", diff)
 	}
 	if got := k.rules(tableNAT, "PREROUTING"); len(got) != 1 {
@@ -463,11 +463,11 @@ func TestIPTablesModeLeftoversGoInTheFirstSync(t *testing.T) {
 -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
--A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-ABCDEF
+-A KUBE-SERVICES -d 172.30.0.10/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-ABCDEF
 -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
 -A KUBE-SVC-ABCDEF -j KUBE-SEP-ABCDEF
--A KUBE-SEP-ABCDEF -s 10.244.2.3/32 -j KUBE-MARK-MASQ
--A KUBE-SEP-ABCDEF -p tcp -j DNAT --to-destination 10.244.2.3:8080
+-A KUBE-SEP-ABCDEF -s 10.180.2.3/32 -j KUBE-MARK-MASQ
+-A KUBE-SEP-ABCDEF -p tcp -j DNAT --to-destination 10.180.2.3:8080
 COMMIT
 *filter
 :KUBE-SERVICES - [0:0]
@@ -484,7 +484,7 @@ COMMIT
 COMMIT
 `)
 	b, _ := newTestBackend(t, k, Settings{})
-	mustApply(t, b, stateOf(svcPort("ns/web", "10.96.0.10", 80, endpoints("10.244.2.3:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
 	for table, gone := range map[string][]string{
 		tableNAT:    {"KUBE-NODEPORTS", "KUBE-SVC-ABCDEF", "KUBE-SEP-ABCDEF"},
 		tableFilter: {"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES"},
@@ -514,11 +514,11 @@ func TestFailureIsolation(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/a", "10.96.0.10", 80, endpoints("10.244.2.3:8080")),
-		svcPort("ns/bad", "10.96.0.11", 80, endpoints("10.244.2.4:8080")),
-		svcPort("ns/c", "10.96.0.12", 80, endpoints("10.244.2.5:8080")),
+		svcPort("ns/a", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
+		svcPort("ns/bad", "172.30.0.11", 80, endpoints("10.180.2.4:8080")),
+		svcPort("ns/c", "172.30.0.12", 80, endpoints("10.180.2.5:8080")),
 	)
-	k.fault = failMatching("add-vs 10.96.0.11:80")
+	k.fault = failMatching("add-vs 172.30.0.11:80")
 	res := b.Apply(context.Background(), state, model.Changes{Full: true})
 	if res.Err != nil {
 		t.Fatalf("a Service's failure failed the sync: %v", res.Err)
@@ -526,10 +526,10 @@ func TestFailureIsolation(t *testing.T) {
 	if len(res.Failed) != 1 || res.Failed[nn("ns/bad")] == nil {
 		t.Fatalf("Failed = %v, want only ns/bad", res.Failed)
 	}
-	if !strings.Contains(res.Failed[nn("ns/bad")].Error(), "add-vs TCP/10.96.0.11:80") && !strings.Contains(res.Failed[nn("ns/bad")].Error(), "10.96.0.11:80/TCP") {
+	if !strings.Contains(res.Failed[nn("ns/bad")].Error(), "add-vs TCP/172.30.0.11:80") && !strings.Contains(res.Failed[nn("ns/bad")].Error(), "172.30.0.11:80/TCP") {
 		t.Errorf("error does not say what failed: %v", res.Failed[nn("ns/bad")])
 	}
-	for _, ip := range []string{"10.96.0.10", "10.96.0.12"} {
+	for _, ip := range []string{"172.30.0.10", "172.30.0.12"} {
 		if _, ok := k.services[vsKey{model.TCP, addr(ip), 80}]; !ok {
 			t.Errorf("%s not programmed", ip)
 		}
@@ -537,7 +537,7 @@ func TestFailureIsolation(t *testing.T) {
 	// The sync loop retries the failed Service.
 	k.fault = nil
 	mustApply(t, b, state, changed("ns/bad"))
-	if vs := k.services[vsKey{model.TCP, addr("10.96.0.11"), 80}]; vs == nil || len(vs.dests) != 1 {
+	if vs := k.services[vsKey{model.TCP, addr("172.30.0.11"), 80}]; vs == nil || len(vs.dests) != 1 {
 		t.Errorf("retry did not program ns/bad")
 	}
 }
@@ -547,8 +547,8 @@ func TestMissingSchedulerFailsOnlyThatService(t *testing.T) {
 	delete(k.schedulers, "ovf")
 	b, _ := newTestBackend(t, k, Settings{})
 	res := b.Apply(context.Background(), stateOf(
-		svcPort("ns/a", "10.96.0.10", 80, endpoints("10.244.2.3:8080")),
-		svcPort("ns/ovf", "10.96.0.11", 80, scheduler("ovf"), endpoints("10.244.2.4:8080")),
+		svcPort("ns/a", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
+		svcPort("ns/ovf", "172.30.0.11", 80, scheduler("ovf"), endpoints("10.180.2.4:8080")),
 	), model.Changes{Full: true})
 	if res.Err != nil {
 		t.Fatal(res.Err)
@@ -562,18 +562,18 @@ func TestMissingSchedulerFailsOnlyThatService(t *testing.T) {
 func TestConflictingFrontendsFailTheNewcomer(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
-	first := svcPort("ns/first", "10.96.0.10", 80, externalIPs("192.0.2.9"), endpoints("10.244.2.3:8080"))
-	second := svcPort("ns/second", "10.96.0.11", 80, externalIPs("192.0.2.9"), endpoints("10.244.2.4:8080"))
+	first := svcPort("ns/first", "172.30.0.10", 80, externalIPs("192.168.99.9"), endpoints("10.180.2.3:8080"))
+	second := svcPort("ns/second", "172.30.0.11", 80, externalIPs("192.168.99.9"), endpoints("10.180.2.4:8080"))
 	mustApply(t, b, stateOf(first), model.Changes{Full: true})
 	res := b.Apply(context.Background(), stateOf(first, second), changed("ns/second"))
 	if err := res.Failed[nn("ns/second")]; err == nil || !strings.Contains(err.Error(), "already used by Service ns/first") {
-		t.Fatalf("Failed = %v, want ns/second failing on 192.0.2.9:80", res.Failed)
+		t.Fatalf("Failed = %v, want ns/second failing on 192.168.99.9:80", res.Failed)
 	}
-	eip := vsKey{model.TCP, addr("192.0.2.9"), 80}
-	if _, ok := k.services[eip].dests[addrPort("10.244.2.3:8080")]; !ok {
+	eip := vsKey{model.TCP, addr("192.168.99.9"), 80}
+	if _, ok := k.services[eip].dests[addrPort("10.180.2.3:8080")]; !ok {
 		t.Errorf("the first Service lost its externalIP: %s", k.dumpIPVS())
 	}
-	if _, ok := k.services[vsKey{model.TCP, addr("10.96.0.11"), 80}]; !ok {
+	if _, ok := k.services[vsKey{model.TCP, addr("172.30.0.11"), 80}]; !ok {
 		t.Errorf("the newcomer's ClusterIP was not programmed")
 	}
 	// When the first lets go, the second gets it on its retry.
@@ -581,7 +581,7 @@ func TestConflictingFrontendsFailTheNewcomer(t *testing.T) {
 	if res.Err != nil || len(res.Failed) > 0 {
 		t.Fatalf("Apply: %v %v", res.Err, res.Failed)
 	}
-	if _, ok := k.services[eip].dests[addrPort("10.244.2.4:8080")]; !ok || len(k.services[eip].dests) != 1 {
+	if _, ok := k.services[eip].dests[addrPort("10.180.2.4:8080")]; !ok || len(k.services[eip].dests) != 1 {
 		t.Errorf("externalIP not handed over: %s", k.dumpIPVS())
 	}
 }
@@ -680,7 +680,7 @@ func randomPort(r *rand.Rand, name string, i int) *model.ServicePort {
 	var opts []portOpt
 	var eps []string
 	for j := range r.IntN(4) {
-		eps = append(eps, fmt.Sprintf("10.244.%d.%d:8080", 1+r.IntN(2), 10+j+r.IntN(3)))
+		eps = append(eps, fmt.Sprintf("10.180.%d.%d:8080", 1+r.IntN(2), 10+j+r.IntN(3)))
 	}
 	opts = append(opts, endpoints(eps...))
 	if r.IntN(2) == 0 {
@@ -689,10 +689,10 @@ func randomPort(r *rand.Rand, name string, i int) *model.ServicePort {
 	if r.IntN(3) == 0 {
 		// Unique per Service: conflicts have their own test, and their winner depends on
 		// history, which a fresh node does not share.
-		opts = append(opts, externalIPs(fmt.Sprintf("192.0.2.%d", i)))
+		opts = append(opts, externalIPs(fmt.Sprintf("192.168.99.%d", i)))
 	}
 	if r.IntN(3) == 0 {
-		opts = append(opts, lbIPs(fmt.Sprintf("203.0.113.%d", i)), sourceRanges("198.51.100.0/24"))
+		opts = append(opts, lbIPs(fmt.Sprintf("5.6.7.%d", i)), sourceRanges("198.51.100.0/24"))
 	}
 	if r.IntN(3) == 0 {
 		opts = append(opts, externalLocal)
@@ -706,7 +706,7 @@ func randomPort(r *rand.Rand, name string, i int) *model.ServicePort {
 	if r.IntN(4) == 0 {
 		opts = append(opts, udp)
 	}
-	return svcPort(name, fmt.Sprintf("10.96.0.%d", 10+i), 80, opts...)
+	return svcPort(name, fmt.Sprintf("172.30.0.%d", 10+i), 80, opts...)
 }
 
 func randomDrain(r *rand.Rand, k *fakeKernel) *realServer {
@@ -792,9 +792,9 @@ func TestSysctlsAndTimeouts(t *testing.T) {
 func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
-	mustApply(t, b, stateOf(svcPort("ns/web", "10.96.0.10", 80, nodePort(30080), endpoints("10.244.2.3:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
 	// Another family's address stays, and so does the device holding it.
-	k.links[dummyDevice] = append(k.links[dummyDevice], addr("fd00::10"))
+	k.links[dummyDevice] = append(k.links[dummyDevice], addr("fd00:172:30::10"))
 	k.tables[tableFilter].order = append(k.tables[tableFilter].order, "KUBE-FIREWALL")
 
 	deps := cleanupDeps{
@@ -808,7 +808,7 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	if len(k.services) != 0 || len(k.sets) != 0 {
 		t.Errorf("left: %s sets %v", k.dumpIPVS(), k.sets)
 	}
-	if diff := cmp.Diff([]string{"fd00::10"}, k.dummyAddrs()); diff != "" {
+	if diff := cmp.Diff([]string{"fd00:172:30::10"}, k.dummyAddrs()); diff != "" {
 		t.Errorf("kube-ipvs0 (-want +got):\n%s", diff)
 	}
 	for _, table := range []string{tableNAT, tableFilter} {
@@ -850,7 +850,7 @@ func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	}
 	// Evidence of the ipvs mode on a kernel without IPVS: the rest is cleaned, no error.
 	k3 := newFakeNode()
-	k3.links[dummyDevice] = []netip.Addr{addr("10.96.0.10")}
+	k3.links[dummyDevice] = []netip.Addr{addr("172.30.0.10")}
 	deps3 := cleanupDeps{
 		supported: func() (bool, error) { return false, nil },
 		openIPVS: func() (ipvsKernel, func(), error) {
@@ -876,8 +876,8 @@ func TestIPv6UsesItsOwnSetsAndLeavesIPv4Alone(t *testing.T) {
 		t.Fatal(err)
 	}
 	b4, _ := newTestBackend(t, k, Settings{})
-	mustApply(t, b4, stateOf(svcPort("ns/web", "10.96.0.10", 80, nodePort(30080), endpoints("10.244.2.3:8080"))), model.Changes{Full: true})
-	sp6 := svcPort("ns/web", "fd00::10", 80, nodePort(30080), endpoints("[fd00:244::3]:8080"))
+	mustApply(t, b4, stateOf(svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
+	sp6 := svcPort("ns/web", "fd00:172:30::10", 80, nodePort(30080), endpoints("[fd00:10::3]:8080"))
 	res := b6.Apply(context.Background(), stateOfFamily(model.IPv6, sp6), model.Changes{Full: true})
 	if res.Err != nil || len(res.Failed) > 0 {
 		t.Fatalf("Apply: %v %v", res.Err, res.Failed)
@@ -888,15 +888,15 @@ func TestIPv6UsesItsOwnSetsAndLeavesIPv4Alone(t *testing.T) {
 		}
 	}
 	want := strings.Join([]string{
-		"TCP 10.96.0.10:80 rr", "  -> 10.244.2.3:8080 1",
-		"TCP 192.168.0.10:30080 rr", "  -> 10.244.2.3:8080 1",
-		"TCP [2001:db8:0:1::10]:30080 rr", "  -> [fd00:244::3]:8080 1",
-		"TCP [fd00::10]:80 rr", "  -> [fd00:244::3]:8080 1",
+		"TCP 172.30.0.10:80 rr", "  -> 10.180.2.3:8080 1",
+		"TCP 192.168.0.2:30080 rr", "  -> 10.180.2.3:8080 1",
+		"TCP [2001:db8::1]:30080 rr", "  -> [fd00:10::3]:8080 1",
+		"TCP [fd00:172:30::10]:80 rr", "  -> [fd00:10::3]:8080 1",
 	}, "\n") + "\n"
 	if diff := cmp.Diff(want, k.dumpIPVS()); diff != "" {
 		t.Errorf("IPVS table (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{"10.96.0.10", "fd00::10"}, k.dummyAddrs()); diff != "" {
+	if diff := cmp.Diff([]string{"172.30.0.10", "fd00:172:30::10"}, k.dummyAddrs()); diff != "" {
 		t.Errorf("kube-ipvs0 (-want +got):\n%s", diff)
 	}
 }

@@ -21,8 +21,8 @@ func BenchmarkPartialSync(b *testing.B) {
 			}
 			ports := make([]*model.ServicePort, n)
 			for i := range ports {
-				ports[i] = svcPort(fmt.Sprintf("ns/s%05d", i), fmt.Sprintf("10.96.%d.%d", i/250, i%250), 80,
-					endpoints(fmt.Sprintf("10.244.2.%d:8080", i%250), fmt.Sprintf("10.244.1.%d:8080", i%250)))
+				ports[i] = svcPort(fmt.Sprintf("ns/s%05d", i), fmt.Sprintf("172.30.%d.%d", i/250, i%250), 80,
+					endpoints(fmt.Sprintf("10.180.2.%d:8080", i%250), fmt.Sprintf("10.180.1.%d:8080", i%250)))
 			}
 			state := stateOf(ports...)
 			if res := be.Apply(context.Background(), state, model.Changes{Full: true}); res.Err != nil {

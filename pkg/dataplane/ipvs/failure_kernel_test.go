@@ -59,26 +59,26 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	h := loopharness.New(t, loopharness.Config{Backends: []dataplane.Backend{b}, SyncPeriod: time.Second,
 		Node: model.NodeInfo{Name: nodeName, IPs: []netip.Addr{kNodeIP}}})
-	h.Set(loopharness.Service("ns", "web", "10.96.8.10", 80), loopharness.EndpointSlice("ns", "web", 8080, "10.244.1.2"),
-		loopharness.Service("ns", "other", "10.96.8.11", 80), loopharness.EndpointSlice("ns", "other", 8080, "10.244.1.2"))
+	h.Set(loopharness.Service("ns", "web", "172.30.8.10", 80), loopharness.EndpointSlice("ns", "web", 8080, "10.180.1.2"),
+		loopharness.Service("ns", "other", "172.30.8.11", 80), loopharness.EndpointSlice("ns", "other", 8080, "10.180.1.2"))
 	h.Start(t)
-	loopharness.Eventually(t, "web programmed", 20*time.Second, answeredOnlyBy(tp.client, "10.96.8.10:80", "pod1", 1))
+	loopharness.Eventually(t, "web programmed", 20*time.Second, answeredOnlyBy(tp.client, "172.30.8.10:80", "pod1", 1))
 
-	update := loopharness.Service("ns", "web", "10.96.8.10", 80)
+	update := loopharness.Service("ns", "web", "172.30.8.10", 80)
 	update.Spec.Type = "NodePort"
 	update.Spec.Ports[0].NodePort = 30080
-	h.Set(update, loopharness.EndpointSlice("ns", "web", 8080, "10.244.2.2"))
+	h.Set(update, loopharness.EndpointSlice("ns", "web", 8080, "10.180.2.2"))
 	st := h.WaitFor(t, "web's update rejected", 20*time.Second, func(st syncloop.FamilyStatus) bool { return st.Failed[web.String()] != "" })
 	t.Logf("rejected: %s", st.Failed[web.String()])
-	if msg := answeredOnlyBy(tp.client, "10.96.8.10:80", "pod1", 4)(); msg != "" {
+	if msg := answeredOnlyBy(tp.client, "172.30.8.10:80", "pod1", 4)(); msg != "" {
 		t.Fatalf("web's ClusterIP does not serve its last good version: %s", msg)
 	}
-	if got, err := fetch(tp.client, netip.Addr{}, "203.0.113.1:30080"); err == nil {
+	if got, err := fetch(tp.client, netip.Addr{}, "192.168.0.2:30080"); err == nil {
 		t.Fatalf("the rejected update's NodePort answers (%q)", got)
 	}
 
-	h.Set(loopharness.EndpointSlice("ns", "other", 8080, "10.244.2.2"))
-	loopharness.Eventually(t, "other programmed", 20*time.Second, answeredOnlyBy(tp.client, "10.96.8.11:80", "pod2", 2))
+	h.Set(loopharness.EndpointSlice("ns", "other", 8080, "10.180.2.2"))
+	loopharness.Eventually(t, "other programmed", 20*time.Second, answeredOnlyBy(tp.client, "172.30.8.11:80", "pod2", 2))
 
 	loopharness.Eventually(t, "web retried", 30*time.Second, func() string {
 		if n := h.Reports.Failed(web); n < 3 {
@@ -86,12 +86,12 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 		}
 		return ""
 	})
-	if msg := answeredOnlyBy(tp.client, "10.96.8.10:80", "pod1", 4)(); msg != "" {
+	if msg := answeredOnlyBy(tp.client, "172.30.8.10:80", "pod1", 4)(); msg != "" {
 		t.Fatalf("web lost its last good version through the retries and full syncs: %s", msg)
 	}
 
 	broken.Store(false)
-	loopharness.Eventually(t, "web recovered", 30*time.Second, answeredOnlyBy(tp.client, "10.96.8.10:80", "pod2", 2))
-	loopharness.Eventually(t, "web's NodePort", 10*time.Second, answeredOnlyBy(tp.client, "203.0.113.1:30080", "pod2", 2))
+	loopharness.Eventually(t, "web recovered", 30*time.Second, answeredOnlyBy(tp.client, "172.30.8.10:80", "pod2", 2))
+	loopharness.Eventually(t, "web's NodePort", 10*time.Second, answeredOnlyBy(tp.client, "192.168.0.2:30080", "pod2", 2))
 	h.WaitFor(t, "web no longer failing", 10*time.Second, func(st syncloop.FamilyStatus) bool { return len(st.Failed) == 0 })
 }

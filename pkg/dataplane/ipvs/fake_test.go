@@ -762,7 +762,7 @@ func (f fakeSysctl) Set(name string, value int) error {
 // --- views for assertions ---------------------------------------------------------------------
 
 // dumpIPVS renders the IPVS table like `ipvsadm -Ln`, sorted, one line per virtual server
-// and real server: "TCP 10.96.0.10:80 rr" / "  -> 10.244.1.2:8080 1".
+// and real server: "TCP 172.30.0.10:80 rr" / "  -> 10.180.1.2:8080 1".
 func (k *fakeKernel) dumpIPVS() string {
 	keys := make([]vsKey, 0, len(k.services))
 	for key := range k.services {

@@ -4,10 +4,10 @@ package ipvs
 // states are the shared fixture's (pkg/dataplane/internal/fixture); the addresses are this
 // package's own, as its golden files were written with them:
 //
-//	node        "node-a", eth0 192.168.0.10 (primary node IP) and 2001:db8:0:1::10
-//	pods        10.244.0.0/16 (cluster CIDR); this node's pods are 10.244.1.x, others' 10.244.2.x
-//	ClusterIPs  10.96.0.0/16
-//	externalIPs 192.0.2.0/24, LoadBalancer IPs 203.0.113.0/24
+//	node        "node-a", eth0 192.168.0.2 (primary node IP) and 2001:db8::1
+//	pods        10.0.0.0/8 (cluster CIDR); this node's pods are 10.244.1.x, others' 10.244.2.x
+//	ClusterIPs  172.30.0.0/16
+//	externalIPs 192.168.99.0/24, LoadBalancer IPs 5.6.7.0/24
 //	endpoints   listen on 8080 (TCP) or 5353 (UDP)
 
 import (
@@ -27,9 +27,9 @@ import (
 const nodeName = "node-a"
 
 var (
-	nodeIP    = netip.MustParseAddr("192.168.0.10")
-	nodeIPv6  = netip.MustParseAddr("2001:db8:0:1::10")
-	podCIDR   = netip.MustParsePrefix("10.244.0.0/16")
+	nodeIP    = netip.MustParseAddr("192.168.0.2")
+	nodeIPv6  = netip.MustParseAddr("2001:db8::1")
+	podCIDR   = netip.MustParsePrefix("10.0.0.0/8")
 	nodeInfo4 = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{nodeIP, nodeIPv6}}
 )
 
@@ -162,14 +162,14 @@ func healthCheck(p int32) portOpt { return func(sp *model.ServicePort) { sp.Heal
 func externalLocal(sp *model.ServicePort) { sp.ExternalPolicyLocal = true }
 func internalLocal(sp *model.ServicePort) { sp.InternalPolicyLocal = true }
 
-// endpoints adds ready endpoints ("ip:port"); those in 10.244.1.0/24 are this node's. They
+// endpoints adds ready endpoints ("ip:port"); those in 10.180.1.0/24 are this node's. They
 // become the Cluster endpoints, and the local ones the Local endpoints.
 func endpoints(eps ...string) portOpt {
 	return func(sp *model.ServicePort) {
 		for _, s := range eps {
 			ap := addrPort(s)
 			ep := model.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true,
-				IsLocal: netip.MustParsePrefix("10.244.1.0/24").Contains(ap.Addr())}
+				IsLocal: netip.MustParsePrefix("10.180.1.0/24").Contains(ap.Addr())}
 			if ep.IsLocal {
 				ep.NodeName = nodeName
 				sp.LocalEndpoints = append(sp.LocalEndpoints, ep)

@@ -8,11 +8,11 @@
 // Conventions: every test builds its own named network namespaces (netnstest.NewNamed) and
 // never touches the namespace it runs in.
 //
-//	client namespace   203.0.113.2/24 (TEST-NET-3), default route via the node
-//	node namespace     203.0.113.1/24 towards the client; Service VIP 10.96.0.10/32 on the
+//	client namespace   192.168.0.10/24 (TEST-NET-3), default route via the node
+//	node namespace     192.168.0.2/24 towards the client; Service VIP 172.30.0.10/32 on the
 //	                   dummy link kube-ipvs0, as kube-proxy's IPVS mode holds its VIPs;
-//	                   10.244.N.1/24 towards pod N
-//	pod N namespace    10.244.N.2/24, default route via the node, serving TCP on :8080
+//	                   10.180.N.1/24 towards pod N
+//	pod N namespace    10.180.N.2/24, default route via the node, serving TCP on :8080
 package ipvs_test
 
 import (
@@ -39,7 +39,7 @@ import (
 
 const (
 	dummyName   = "kube-ipvs0"
-	serviceVIP  = "10.96.0.10"
+	serviceVIP  = "172.30.0.10"
 	servicePort = 80
 	podPort     = 8080
 )
@@ -178,7 +178,7 @@ func TestIPVSProbeProgramsAndReadsBackAVirtualServer(t *testing.T) {
 	if err := h.NewService(svc); err != nil {
 		t.Fatalf("NewService: %v", err)
 	}
-	dst := masqDestination("10.244.1.2", podPort)
+	dst := masqDestination("10.180.1.2", podPort)
 	if err := h.NewDestination(svc, dst); err != nil {
 		t.Fatalf("NewDestination: %v", err)
 	}
@@ -213,7 +213,7 @@ func TestIPVSProbeProgramsAndReadsBackAVirtualServer(t *testing.T) {
 	// The kernel's own view, as ipvsadm would print it, agrees.
 	table := readProcInNamespace(t, ns, "/proc/net/ip_vs")
 	wantVS := fmt.Sprintf("TCP  %08X:%04X rr", ipHex(serviceVIP), servicePort)
-	wantRS := fmt.Sprintf("-> %08X:%04X      Masq", ipHex("10.244.1.2"), podPort)
+	wantRS := fmt.Sprintf("-> %08X:%04X      Masq", ipHex("10.180.1.2"), podPort)
 	if !strings.Contains(table, wantVS) || !strings.Contains(table, wantRS) {
 		t.Errorf("/proc/net/ip_vs lacks %q or %q:\n%s", wantVS, wantRS, table)
 	}
@@ -232,10 +232,10 @@ func TestIPVSForwardsConnectionsToRealServers(t *testing.T) {
 
 	// client <-> node
 	ip("-n", client, "link", "add", "eth0", "type", "veth", "peer", "name", "client0", "netns", node)
-	ip("-n", client, "addr", "add", "203.0.113.2/24", "dev", "eth0")
+	ip("-n", client, "addr", "add", "192.168.0.10/24", "dev", "eth0")
 	ip("-n", client, "link", "set", "eth0", "up")
-	ip("-n", client, "route", "add", "default", "via", "203.0.113.1")
-	ip("-n", node, "addr", "add", "203.0.113.1/24", "dev", "client0")
+	ip("-n", client, "route", "add", "default", "via", "192.168.0.2")
+	ip("-n", node, "addr", "add", "192.168.0.2/24", "dev", "client0")
 	ip("-n", node, "link", "set", "client0", "up")
 
 	// node <-> pods
@@ -243,12 +243,12 @@ func TestIPVSForwardsConnectionsToRealServers(t *testing.T) {
 	for i, pod := range pods {
 		n := i + 1
 		nodeSide := fmt.Sprintf("pod%d", n)
-		podIPs[i] = fmt.Sprintf("10.244.%d.2", n)
+		podIPs[i] = fmt.Sprintf("10.180.%d.2", n)
 		ip("-n", pod, "link", "add", "eth0", "type", "veth", "peer", "name", nodeSide, "netns", node)
 		ip("-n", pod, "addr", "add", podIPs[i]+"/24", "dev", "eth0")
 		ip("-n", pod, "link", "set", "eth0", "up")
-		ip("-n", pod, "route", "add", "default", "via", fmt.Sprintf("10.244.%d.1", n))
-		ip("-n", node, "addr", "add", fmt.Sprintf("10.244.%d.1/24", n), "dev", nodeSide)
+		ip("-n", pod, "route", "add", "default", "via", fmt.Sprintf("10.180.%d.1", n))
+		ip("-n", node, "addr", "add", fmt.Sprintf("10.180.%d.1/24", n), "dev", nodeSide)
 		ip("-n", node, "link", "set", nodeSide, "up")
 	}
 	netnstest.MustRun(t, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv4.ip_forward=1")

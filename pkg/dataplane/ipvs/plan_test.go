@@ -11,9 +11,9 @@ import (
 )
 
 func TestPlanVSConvergesRealServers(t *testing.T) {
-	key := vsKey{model.TCP, addr("10.96.0.10"), 80}
-	udpKey := vsKey{model.UDP, addr("10.96.0.53"), 53}
-	a, b := addrPort("10.244.1.2:8080"), addrPort("10.244.2.3:8080")
+	key := vsKey{model.TCP, addr("172.30.0.10"), 80}
+	udpKey := vsKey{model.UDP, addr("172.30.0.53"), 53}
+	a, b := addrPort("10.180.1.2:8080"), addrPort("10.180.2.3:8080")
 	rr := vsParams{Scheduler: "rr"}
 	tests := []struct {
 		name     string
@@ -25,8 +25,8 @@ func TestPlanVSConvergesRealServers(t *testing.T) {
 	}{{
 		name:    "missing virtual server is added with its real servers",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a, b}},
-		want: []string{"add-vs 10.96.0.10:80/TCP rr", "add-rs 10.96.0.10:80/TCP 10.244.1.2:8080 weight 1",
-			"add-rs 10.96.0.10:80/TCP 10.244.2.3:8080 weight 1"},
+		want: []string{"add-vs 172.30.0.10:80/TCP rr", "add-rs 172.30.0.10:80/TCP 10.180.1.2:8080 weight 1",
+			"add-rs 172.30.0.10:80/TCP 10.180.2.3:8080 weight 1"},
 	}, {
 		name:    "nothing to do",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a}},
@@ -35,12 +35,12 @@ func TestPlanVSConvergesRealServers(t *testing.T) {
 		name:    "changed scheduler is updated in place",
 		desired: desiredVS{key: key, params: vsParams{Scheduler: "mh", Flags: flagSched2}, realServers: []netip.AddrPort{a}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}},
-		want: []string{"update-vs 10.96.0.10:80/TCP mh flags 0x10"},
+		want: []string{"update-vs 172.30.0.10:80/TCP mh flags 0x10"},
 	}, {
 		name:    "removed TCP real server with connections drains at weight 0",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}, {Addr: b, Weight: 1, Inactive: 1}},
-		want:     []string{"update-rs 10.96.0.10:80/TCP 10.244.2.3:8080 weight 0"},
+		want:     []string{"update-rs 172.30.0.10:80/TCP 10.180.2.3:8080 weight 0"},
 		draining: true,
 	}, {
 		name:    "draining real server with connections is left alone",
@@ -51,17 +51,17 @@ func TestPlanVSConvergesRealServers(t *testing.T) {
 		name:    "removed TCP real server without connections goes at once",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}, {Addr: b, Weight: 0}},
-		want: []string{"delete-rs 10.96.0.10:80/TCP 10.244.2.3:8080"},
+		want: []string{"delete-rs 172.30.0.10:80/TCP 10.180.2.3:8080"},
 	}, {
 		name:    "removed UDP real server goes at once, connections or not",
 		desired: desiredVS{key: udpKey, params: rr, udpLike: true},
 		kernel:  &rr, dests: []realServer{{Addr: b, Weight: 1, Inactive: 3}},
-		want: []string{"delete-rs 10.96.0.53:53/UDP 10.244.2.3:8080"},
+		want: []string{"delete-rs 172.30.0.53:53/UDP 10.180.2.3:8080"},
 	}, {
 		name:    "returning endpoint gets its weight back",
 		desired: desiredVS{key: key, params: rr, realServers: []netip.AddrPort{a, b}},
 		kernel:  &rr, dests: []realServer{{Addr: a, Weight: 1}, {Addr: b, Weight: 0, Active: 2}},
-		want: []string{"update-rs 10.96.0.10:80/TCP 10.244.2.3:8080 weight 1"},
+		want: []string{"update-rs 172.30.0.10:80/TCP 10.180.2.3:8080 weight 1"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,7 +91,7 @@ func TestPlanVSConvergesRealServers(t *testing.T) {
 
 func TestPlanVSNeedsTheRealServersRead(t *testing.T) {
 	k := newKernelView()
-	key := vsKey{model.TCP, addr("10.96.0.10"), 80}
+	key := vsKey{model.TCP, addr("172.30.0.10"), 80}
 	k.services[key] = vsParams{Scheduler: "rr"}
 	if _, err := planVS(nn("ns/a"), &desiredVS{key: key, params: vsParams{Scheduler: "rr"}}, k, map[vsKey]types.NamespacedName{}); err == nil {
 		t.Errorf("planned a virtual server whose real servers were not read")

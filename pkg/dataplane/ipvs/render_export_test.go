@@ -16,24 +16,24 @@ import (
 func renderWorld(f model.IPFamily) *model.NodeState {
 	if f == model.IPv6 {
 		state := stateOfFamily(model.IPv6,
-			svcPort("ns/web6", "fd00:96::10", 80, portName("http"), endpoints("[fd00:244:1::2]:8080", "[fd00:244:2::3]:8080")),
-			svcPort("ns/np6", "fd00:96::11", 80, nodePort(30600), affinity(600), endpoints("[fd00:244:2::4]:8080")),
-			svcPort("ns/lb6", "fd00:96::12", 443, nodePort(30643), lbIPs("2001:db8:7::7"), sourceRanges("2001:db8:1::/48"), endpoints("[fd00:244:2::5]:8443")),
+			svcPort("ns/web6", "fd00:172:30::10", 80, portName("http"), endpoints("[fd00:10::2]:8080", "[fd00:10::3]:8080")),
+			svcPort("ns/np6", "fd00:172:30::11", 80, nodePort(30600), affinity(600), endpoints("[fd00:10::4]:8080")),
+			svcPort("ns/lb6", "fd00:172:30::12", 443, nodePort(30643), lbIPs("2001:db8:1::7"), sourceRanges("2001:db8:77::/64"), endpoints("[fd00:10::5]:8443")),
 		)
 		return state
 	}
 	return stateOf(
-		svcPort("ns/web", "10.96.0.10", 80, portName("http"), endpoints("10.244.1.2:8080", "10.244.2.3:8080")),
-		svcPort("ns/dns", "10.96.0.13", 53, udp, scheduler("mh"), endpoints("10.244.2.6:5353")),
-		svcPort("ns/np", "10.96.0.11", 80, nodePort(30080), affinity(10800), endpoints("10.244.2.4:8080")),
-		svcPort("ns/sctp", "10.96.0.14", 7777, sctp, nodePort(30777), endpoints("10.244.2.7:7777")),
-		svcPort("ns/lb", "10.96.0.12", 443, nodePort(30443), lbIPs("203.0.113.7"), sourceRanges("198.51.100.0/24"),
-			externalIPs("192.0.2.9"), endpoints("10.244.2.5:8443")),
-		svcPort("ns/local", "10.96.0.15", 80, nodePort(30081), lbIPs("203.0.113.8"), externalLocal, healthCheck(32000),
-			endpoints("10.244.2.8:8080")),
-		svcPort("ns/empty", "10.96.0.16", 80),
+		svcPort("ns/web", "172.30.0.10", 80, portName("http"), endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
+		svcPort("ns/dns", "172.30.0.13", 53, udp, scheduler("mh"), endpoints("10.180.2.6:5353")),
+		svcPort("ns/np", "172.30.0.11", 80, nodePort(30080), affinity(10800), endpoints("10.180.2.4:8080")),
+		svcPort("ns/sctp", "172.30.0.14", 7777, sctp, nodePort(30777), endpoints("10.180.2.7:7777")),
+		svcPort("ns/lb", "172.30.0.12", 443, nodePort(30443), lbIPs("5.6.7.7"), sourceRanges("198.51.100.0/24"),
+			externalIPs("192.168.99.9"), endpoints("10.180.2.5:8443")),
+		svcPort("ns/local", "172.30.0.15", 80, nodePort(30081), lbIPs("5.6.7.8"), externalLocal, healthCheck(32000),
+			endpoints("10.180.2.8:8080")),
+		svcPort("ns/empty", "172.30.0.16", 80),
 		// Wants the externalIP ns/lb holds: the first by name keeps it.
-		svcPort("ns/second", "10.96.0.17", 443, externalIPs("192.0.2.9"), endpoints("10.244.2.9:8443")),
+		svcPort("ns/second", "172.30.0.17", 443, externalIPs("192.168.99.9"), endpoints("10.180.2.9:8443")),
 	)
 }
 
@@ -60,7 +60,7 @@ func fakeCall(o op, family model.IPFamily) string {
 // the backend's first full sync makes on an empty (fake) node, in the same order, and its
 // iptables-restore input is the one the backend fed.
 func TestRenderIsWhatAFullSyncDoesOnAnEmptyNode(t *testing.T) {
-	extra := addr("192.0.2.50") // a second address of the node, inside 192.0.2.0/24
+	extra := addr("192.168.99.50") // a second address of the node, inside 192.168.99.0/24
 	tests := []struct {
 		name     string
 		family   model.IPFamily
@@ -73,10 +73,10 @@ func TestRenderIsWhatAFullSyncDoesOnAnEmptyNode(t *testing.T) {
 		{name: "IPv6", family: model.IPv6},
 		{name: "masqueradeAll, no detector, scheduler, excludeCIDRs", family: model.IPv4,
 			cfg:      func(c *dataplane.Config) { c.MasqueradeAll = true; c.LocalDetector = dataplane.LocalDetector{} },
-			settings: Settings{Scheduler: "lc", ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/30"), netip.MustParsePrefix("fd00::/8")}}},
+			settings: Settings{Scheduler: "lc", ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("172.30.0.0/30"), netip.MustParsePrefix("fd00::/8")}}},
 		{name: "nodePortAddresses and a further local address", family: model.IPv4,
 			cfg: func(c *dataplane.Config) {
-				c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}}
+				c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{netip.MustParsePrefix("192.168.99.0/24")}}
 			},
 			opts: RenderOptions{LocalAddresses: []netip.Addr{nodeIP, nodeIPv6, extra, addr("127.0.0.1"), addr("::1")}},
 			node: func(k *fakeKernel) { k.links["eth1"] = []netip.Addr{extra} }},
@@ -140,7 +140,7 @@ func TestRenderIsWhatAFullSyncDoesOnAnEmptyNode(t *testing.T) {
 					t.Errorf("the backend did not fail ns/second: %v", res.Failed)
 				}
 				text := r.String()
-				if !strings.Contains(text, "# ns/second\n#   left out: 192.0.2.9:443/TCP (port ns/second) is already used by Service ns/lb\n") {
+				if !strings.Contains(text, "# ns/second\n#   left out: 192.168.99.9:443/TCP (port ns/second) is already used by Service ns/lb\n") {
 					t.Errorf("Render does not name the conflict:\n%s", text)
 				}
 			}

@@ -24,12 +24,12 @@ func freshSnapshot(t *testing.T, state *model.NodeState) string {
 // node holds exactly the Service's previous version, with its set entries and rules; a
 // new Service that fails is absent; others in the same sync are programmed.
 func TestRejectedUpdateKeepsTheLastGoodVersion(t *testing.T) {
-	v1 := svcPort("ns/bad", "10.96.0.11", 80, endpoints("10.244.2.3:8080", "10.244.2.4:8080"))
-	v2 := svcPort("ns/bad", "10.96.0.11", 80, nodePort(30011), externalIPs("192.0.2.11"), scheduler("lc"),
-		endpoints("10.244.2.8:8080", "10.244.2.9:8080"))
-	other1 := svcPort("ns/other", "10.96.0.12", 80, endpoints("10.244.2.5:8080"))
-	other2 := svcPort("ns/other", "10.96.0.12", 80, nodePort(30012), endpoints("10.244.2.6:8080"))
-	fresh := svcPort("ns/new", "10.96.0.13", 80, externalIPs("192.0.2.13"), endpoints("10.244.2.7:8080"))
+	v1 := svcPort("ns/bad", "172.30.0.11", 80, endpoints("10.180.2.3:8080", "10.180.2.4:8080"))
+	v2 := svcPort("ns/bad", "172.30.0.11", 80, nodePort(30011), externalIPs("192.168.99.11"), scheduler("lc"),
+		endpoints("10.180.2.8:8080", "10.180.2.9:8080"))
+	other1 := svcPort("ns/other", "172.30.0.12", 80, endpoints("10.180.2.5:8080"))
+	other2 := svcPort("ns/other", "172.30.0.12", 80, nodePort(30012), endpoints("10.180.2.6:8080"))
+	fresh := svcPort("ns/new", "172.30.0.13", 80, externalIPs("192.168.99.13"), endpoints("10.180.2.7:8080"))
 	for _, tc := range []struct {
 		name string
 		full bool
@@ -40,8 +40,8 @@ func TestRejectedUpdateKeepsTheLastGoodVersion(t *testing.T) {
 			mustApply(t, b, stateOf(v1, other1), model.Changes{Full: true})
 
 			faults := map[string]bool{
-				"add-rs 192.168.0.10:30011/TCP 10.244.2.8:8080": true, // bad's new NodePort, after its ClusterIP moved
-				"add-rs 192.0.2.13:80/TCP 10.244.2.7:8080":      true, // new's externalIP
+				"add-rs 192.168.0.2:30011/TCP 10.180.2.8:8080": true, // bad's new NodePort, after its ClusterIP moved
+				"add-rs 192.168.99.13:80/TCP 10.180.2.7:8080":      true, // new's externalIP
 			}
 			k.fault = func(call string) error {
 				if faults[call] {
@@ -83,9 +83,9 @@ func TestRejectedUpdateKeepsTheLastGoodVersion(t *testing.T) {
 // Service's last good version; when the kernel rejects its first version of it, the
 // Service keeps the virtual servers the kernel held for it instead of losing them.
 func TestRejectedUpdateAfterRestartKeepsWhatTheKernelHeld(t *testing.T) {
-	v1 := svcPort("ns/bad", "10.96.0.11", 80, endpoints("10.244.2.3:8080"))
-	v2 := svcPort("ns/bad", "10.96.0.11", 80, scheduler("ovf"), endpoints("10.244.2.8:8080"))
-	other := svcPort("ns/other", "10.96.0.12", 80, endpoints("10.244.2.5:8080"))
+	v1 := svcPort("ns/bad", "172.30.0.11", 80, endpoints("10.180.2.3:8080"))
+	v2 := svcPort("ns/bad", "172.30.0.11", 80, scheduler("ovf"), endpoints("10.180.2.8:8080"))
+	other := svcPort("ns/other", "172.30.0.12", 80, endpoints("10.180.2.5:8080"))
 	k := newFakeNode()
 	old, _ := newTestBackend(t, k, Settings{})
 	mustApply(t, old, stateOf(v1, other), model.Changes{Full: true})
@@ -96,8 +96,8 @@ func TestRejectedUpdateAfterRestartKeepsWhatTheKernelHeld(t *testing.T) {
 	if res.Err != nil || len(res.Failed) != 1 || res.Failed[nn("ns/bad")] == nil {
 		t.Fatalf("Err=%v Failed=%v", res.Err, res.Failed)
 	}
-	vs := k.services[vsKey{model.TCP, addr("10.96.0.11"), 80}]
-	if vs == nil || vs.params.Scheduler != "rr" || len(vs.dests) != 1 || vs.dests[addrPort("10.244.2.3:8080")] == nil {
+	vs := k.services[vsKey{model.TCP, addr("172.30.0.11"), 80}]
+	if vs == nil || vs.params.Scheduler != "rr" || len(vs.dests) != 1 || vs.dests[addrPort("10.180.2.3:8080")] == nil {
 		t.Fatalf("the Service lost what the kernel held for it:\n%s", k.dumpIPVS())
 	}
 }

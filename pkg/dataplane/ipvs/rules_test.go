@@ -41,7 +41,7 @@ func golden(t *testing.T, name, got string) {
 func TestRulesetGolden(t *testing.T) {
 	clusterCIDR := dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}
 	rs := renderRules(ruleConfig{family: model.IPv4, markBit: 14, detector: clusterCIDR},
-		[]outFilterRule{{addr: addr("203.0.113.7"), proto: model.TCP, port: 443}})
+		[]outFilterRule{{addr: addr("5.6.7.7"), proto: model.TCP, port: 443}})
 	golden(t, "rules-ipv4.golden", string(restoreInput(rs, nil)))
 
 	rs = renderRules(ruleConfig{family: model.IPv6, markBit: 12,
@@ -58,8 +58,8 @@ func TestRulesFollowTheLocalDetectorAndMasqueradeAll(t *testing.T) {
 	}{{
 		name: "cluster CIDR masquerades ClusterIP traffic from outside it",
 		cfg:  ruleConfig{family: model.IPv4, markBit: 14, detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}},
-		want: []string{`-m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ`,
-			`-m set --match-set KUBE-SLUICE-NO-LOCAL-EPS dst,dst -s 10.244.0.0/16 -j RETURN`},
+		want: []string{`-m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ`,
+			`-m set --match-set KUBE-SLUICE-NO-LOCAL-EPS dst,dst -s 10.0.0.0/8 -j RETURN`},
 	}, {
 		name: "bridge interface",
 		cfg:  ruleConfig{family: model.IPv4, markBit: 14, detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalBridgeInterface, Interface: "cbr0"}},
@@ -69,7 +69,7 @@ func TestRulesFollowTheLocalDetectorAndMasqueradeAll(t *testing.T) {
 		cfg: ruleConfig{family: model.IPv4, markBit: 14, masqueradeAll: true,
 			detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}},
 		want:   []string{`-m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`},
-		absent: []string{`! -s 10.244.0.0/16`},
+		absent: []string{`! -s 10.0.0.0/8`},
 	}, {
 		name: "without a detector, masquerade traffic the node sends from a Service address",
 		cfg:  ruleConfig{family: model.IPv4, markBit: 0},
