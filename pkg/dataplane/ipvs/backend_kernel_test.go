@@ -8,11 +8,14 @@
 // namespace is the node the backend programs. Each test adds namespaces around it and
 // removes everything it programmed (with Cleanup) when it ends:
 //
-//	client namespace  192.168.0.10/24 and .3/24 (TEST-NET-3), default route via the node
+//	client namespace  192.168.0.10/24 and .11/24, default route via the node
 //	node (this one)   192.168.0.2/24 towards the client (the node IP); 10.180.N.1/24 towards pod N
 //	pod N namespace   10.180.N.2/24, default route via the node; TCP :8080 and UDP :5353 answer
 //	                  "podN <source address>" to every line or datagram
-//	Services          ClusterIPs 10.96.x.y, LoadBalancer and external IPs 192.0.2.x (TEST-NET-1)
+//	Services          ClusterIPs 172.30.x.y, external and LoadBalancer IPs 192.168.99.x
+//
+// The addresses are the shared fixture's plan (pkg/dataplane/internal/fixture), laid out as
+// the nftables kernel tests lay theirs.
 //
 // Pod 1 counts as this node's (Local) endpoint, pod 2 as another node's.
 package ipvs
@@ -37,6 +40,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
@@ -48,9 +52,9 @@ import (
 func TestMain(m *testing.M) { netnstest.Main(m) }
 
 var (
-	kNodeIP   = netip.MustParseAddr("192.168.0.2")
-	kClient   = netip.MustParseAddr("192.168.0.10")
-	kClient2  = netip.MustParseAddr("192.168.0.11")
+	kNodeIP   = fixture.NodeIPv4
+	kClient   = fixture.ClientIPv4
+	kClient2  = fixture.ClientIPv4b
 	topoCount atomic.Int32
 )
 
@@ -298,7 +302,7 @@ func kernelConfig() dataplane.Config {
 	return dataplane.Config{
 		Family: model.IPv4, NodeName: nodeName, MasqueradeBit: 14,
 		NodePortAddresses: dataplane.NodePortAddresses{MatchAll: true},
-		LocalDetector:     dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}},
+		LocalDetector:     dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{fixture.ClusterCIDRv4}},
 		SyncPeriod:        time.Hour,
 	}
 }
@@ -321,9 +325,10 @@ func kernelState(ports ...*model.ServicePort) *model.NodeState {
 	return s
 }
 
-// pod1 is this node's endpoint, pod2 another node's (as far as the model is concerned).
+// pod1 is this node's endpoint, pod2 another node's (as far as the model is concerned), written
+// as fixture.Port.Endpoints takes them.
 const (
-	pod1 = "10.180.1.2:8080"
+	pod1 = "10.180.1.2:8080@local"
 	pod2 = "10.180.2.2:8080"
 )
 
@@ -342,10 +347,10 @@ func TestKernelClusterIPReachesEndpoints(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/web", "172.30.0.10", 80, endpoints(pod1, pod2)),
-		svcPort("ns/dns", "172.30.0.53", 53, udp, endpoints("10.180.2.2:5353")),
-		svcPort("ns/self", "172.30.0.11", 80, endpoints(pod1)),
-		svcPort("ns/empty", "172.30.0.12", 80),
+		fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints(pod1, pod2).Build(),
+		fixture.ServicePort("ns/dns", "", model.UDP, "172.30.0.53", 53).Endpoints("10.180.2.2:5353").Build(),
+		fixture.ServicePort("ns/self", "", model.TCP, "172.30.0.11", 80).Endpoints(pod1).Build(),
+		fixture.ServicePort("ns/empty", "", model.TCP, "172.30.0.12", 80).Build(),
 	), model.Changes{Full: true})
 
 	seen := map[string]int{}
@@ -387,7 +392,7 @@ func TestKernelNodePortLoadBalancerAndExternalIP(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/web", "172.30.1.10", 80, nodePort(30080), lbIPs("192.168.99.10"), externalIPs("192.168.99.20"), endpoints(pod2)),
+		fixture.ServicePort("ns/web", "", model.TCP, "172.30.1.10", 80).NodePort(30080).LoadBalancer("192.168.99.10").ExternalIPs("192.168.99.20").Endpoints(pod2).Build(),
 	), model.Changes{Full: true})
 	for _, to := range []string{"192.168.0.2:30080", "192.168.99.10:80", "192.168.99.20:80"} {
 		reply := mustFetch(t, tp.client, to)
@@ -404,8 +409,8 @@ func TestKernelExternalTrafficPolicyLocal(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/local", "172.30.2.10", 80, nodePort(30081), lbIPs("192.168.99.11"), externalLocal, endpoints(pod1, pod2)),
-		svcPort("ns/nolocal", "172.30.2.11", 80, nodePort(30082), lbIPs("192.168.99.12"), externalLocal, endpoints(pod2)),
+		fixture.ServicePort("ns/local", "", model.TCP, "172.30.2.10", 80).NodePort(30081).LoadBalancer("192.168.99.11").ExternalLocal().Endpoints(pod1, pod2).Build(),
+		fixture.ServicePort("ns/nolocal", "", model.TCP, "172.30.2.11", 80).NodePort(30082).LoadBalancer("192.168.99.12").ExternalLocal().Endpoints(pod2).Build(),
 	), model.Changes{Full: true})
 
 	// A local endpoint: only it answers, and it sees the client's own address.
@@ -430,7 +435,7 @@ func TestKernelExternalTrafficPolicyLocal(t *testing.T) {
 func TestKernelSessionAffinity(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
-	kernelApply(t, b, kernelState(svcPort("ns/sticky", "172.30.3.10", 80, affinity(60), endpoints(pod1, pod2))), model.Changes{Full: true})
+	kernelApply(t, b, kernelState(fixture.ServicePort("ns/sticky", "", model.TCP, "172.30.3.10", 80).Affinity(60).Endpoints(pod1, pod2).Build()), model.Changes{Full: true})
 	first := answeredBy(mustFetch(t, tp.client, "172.30.3.10:80"))
 	for range 5 {
 		if got := answeredBy(mustFetch(t, tp.client, "172.30.3.10:80")); got != first {
@@ -447,9 +452,9 @@ func TestKernelSchedulerAnnotation(t *testing.T) {
 	newTopology(t, 1)
 	b := newKernelBackend(t, Settings{Scheduler: "wrr"})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/default", "172.30.4.10", 80, endpoints(pod1)),
-		svcPort("ns/mh", "172.30.4.11", 80, scheduler("mh"), endpoints(pod1)),
-		svcPort("ns/sh", "172.30.4.12", 80, scheduler("sh"), endpoints(pod1)),
+		fixture.ServicePort("ns/default", "", model.TCP, "172.30.4.10", 80).Endpoints(pod1).Build(),
+		fixture.ServicePort("ns/mh", "", model.TCP, "172.30.4.11", 80).Scheduler("mh").Endpoints(pod1).Build(),
+		fixture.ServicePort("ns/sh", "", model.TCP, "172.30.4.12", 80).Scheduler("sh").Endpoints(pod1).Build(),
 	), model.Changes{Full: true})
 	for ip, want := range map[string]struct {
 		sched string
@@ -466,7 +471,7 @@ func TestKernelLoadBalancerSourceRanges(t *testing.T) {
 	tp := newTopology(t, 1)
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, kernelState(
-		svcPort("ns/fw", "172.30.5.10", 80, lbIPs("192.168.99.30"), sourceRanges(kClient.String()+"/32"), endpoints(pod1)),
+		fixture.ServicePort("ns/fw", "", model.TCP, "172.30.5.10", 80).LoadBalancer("192.168.99.30").SourceRanges(kClient.String()+"/32").Endpoints(pod1).Build(),
 	), model.Changes{Full: true})
 	if _, err := fetch(tp.client, kClient, "192.168.99.30:80"); err != nil {
 		t.Errorf("allowed source: %v", err)
@@ -478,7 +483,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 	tp := newTopology(t, 2)
 	b := newKernelBackend(t, Settings{})
 	key := vsKey{model.TCP, netip.MustParseAddr("172.30.6.10"), 80}
-	both := kernelState(svcPort("ns/web", "172.30.6.10", 80, endpoints(pod1, pod2)), svcPort("ns/dns", "172.30.6.53", 53, udp, endpoints("10.180.1.2:5353", "10.180.2.2:5353")))
+	both := kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.6.10", 80).Endpoints(pod1, pod2).Build(), fixture.ServicePort("ns/dns", "", model.UDP, "172.30.6.53", 53).Endpoints("10.180.1.2:5353@local", "10.180.2.2:5353").Build())
 	kernelApply(t, b, both, model.Changes{Full: true})
 
 	// An established connection, and which pod it reached.
@@ -497,7 +502,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 	}
 
 	// That endpoint goes away: its real server stays, at weight 0.
-	kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.6.10", 80, endpoints(stays)), svcPort("ns/dns", "172.30.6.53", 53, udp, endpoints("10.180.2.2:5353"))), changed("ns/web", "ns/dns"))
+	kernelApply(t, b, kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.6.10", 80).Endpoints(stays).Build(), fixture.ServicePort("ns/dns", "", model.UDP, "172.30.6.53", 53).Endpoints("10.180.2.2:5353").Build()), changed("ns/web", "ns/dns"))
 	if rs := realServerOf(t, key, gone); rs == nil || rs.Weight != 0 {
 		t.Fatalf("removed endpoint's real server = %+v, want it draining at weight 0", rs)
 	}
@@ -522,7 +527,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 	_ = conn.Close()
 	deadline := time.Now().Add(40 * time.Second)
 	for {
-		kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.6.10", 80, endpoints(stays)), svcPort("ns/dns", "172.30.6.53", 53, udp, endpoints("10.180.2.2:5353"))), changed())
+		kernelApply(t, b, kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.6.10", 80).Endpoints(stays).Build(), fixture.ServicePort("ns/dns", "", model.UDP, "172.30.6.53", 53).Endpoints("10.180.2.2:5353").Build()), changed())
 		if realServerOf(t, key, gone) == nil {
 			break
 		}
@@ -536,7 +541,7 @@ func TestKernelGracefulTermination(t *testing.T) {
 func TestKernelFullSyncRepairsDrift(t *testing.T) {
 	tp := newTopology(t, 1)
 	b := newKernelBackend(t, Settings{})
-	state := kernelState(svcPort("ns/web", "172.30.7.10", 80, nodePort(30090), endpoints(pod1)), svcPort("ns/lb", "172.30.7.11", 80, lbIPs("192.168.99.40"), endpoints(pod1)))
+	state := kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.7.10", 80).NodePort(30090).Endpoints(pod1).Build(), fixture.ServicePort("ns/lb", "", model.TCP, "172.30.7.11", 80).LoadBalancer("192.168.99.40").Endpoints(pod1).Build())
 	kernelApply(t, b, state, model.Changes{Full: true})
 
 	h, err := mobyipvs.New("")
@@ -581,7 +586,7 @@ func TestKernelRestartWithoutGap(t *testing.T) {
 	run(t, "iptables", "-t", "nat", "-A", "KUBE-SERVICES", "-d", "172.30.8.10/32", "-j", "KUBE-SVC-LEFTOVER")
 	run(t, "iptables", "-t", "nat", "-I", "PREROUTING", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
 
-	state := kernelState(svcPort("ns/web", "172.30.8.10", 80, endpoints(pod1, pod2)))
+	state := kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.8.10", 80).Endpoints(pod1, pod2).Build())
 	b := newKernelBackend(t, Settings{})
 	kernelApply(t, b, state, model.Changes{Full: true})
 	if out, _ := exec.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); !strings.Contains(string(out), "No such file") {
@@ -631,7 +636,7 @@ func TestKernelRestartWithoutGap(t *testing.T) {
 func TestKernelCleanupRemovesEverything(t *testing.T) {
 	newTopology(t, 1)
 	b := newKernelBackend(t, Settings{})
-	kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.9.10", 80, nodePort(30099), lbIPs("192.168.99.50"), sourceRanges("198.51.100.0/24"), endpoints(pod1))), model.Changes{Full: true})
+	kernelApply(t, b, kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.9.10", 80).NodePort(30099).LoadBalancer("192.168.99.50").SourceRanges("198.51.100.0/24").Endpoints(pod1).Build()), model.Changes{Full: true})
 	for _, f := range model.Families {
 		if err := Cleanup(context.Background(), f); err != nil {
 			t.Fatalf("Cleanup %s: %v", f, err)
@@ -806,9 +811,9 @@ func TestKernelIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 	state := stateOfFamily(model.IPv6,
-		svcPort("ns/web6", "fd00:172:30::10", 80, nodePort(30600), endpoints("[fd00:10::2]:8080")),
-		svcPort("ns/none6", "fd00:172:30::11", 80, nodePort(30611)),
-		svcPort("ns/none6udp", "fd00:172:30::12", 53, udp))
+		fixture.ServicePort("ns/web6", "", model.TCP, "fd00:172:30::10", 80).NodePort(30600).Endpoints("[fd00:10::2]:8080").Build(),
+		fixture.ServicePort("ns/none6", "", model.TCP, "fd00:172:30::11", 80).NodePort(30611).Build(),
+		fixture.ServicePort("ns/none6udp", "", model.UDP, "fd00:172:30::12", 53).Build())
 	state.Node = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{netip.MustParseAddr("2001:db8::1")}}
 	kernelApply(t, b, state, model.Changes{Full: true})
 	for _, to := range []string{"[fd00:172:30::10]:80", "[2001:db8::1]:30600"} {
@@ -844,7 +849,7 @@ func TestKernelLegacyFlavour(t *testing.T) {
 	if b.Flavour() != FlavourLegacy {
 		t.Fatalf("flavour %s", b.Flavour())
 	}
-	kernelApply(t, b, kernelState(svcPort("ns/web", "172.30.10.10", 80, nodePort(30110), endpoints(pod1))), model.Changes{Full: true})
+	kernelApply(t, b, kernelState(fixture.ServicePort("ns/web", "", model.TCP, "172.30.10.10", 80).NodePort(30110).Endpoints(pod1).Build()), model.Changes{Full: true})
 	for _, to := range []string{"172.30.10.10:80", "192.168.0.2:30110"} {
 		if reply := mustFetch(t, tp.client, to); sourceSeen(reply) == kClient.String() {
 			t.Errorf("%s: not masqueraded with the legacy flavour's rules (%q)", to, reply)
@@ -875,7 +880,7 @@ func TestKernelSCTP(t *testing.T) {
 		go func() { _ = s.Serve(ctx) }()
 	}
 	b := newKernelBackend(t, Settings{})
-	sp := svcPort("ns/sctp", "172.30.11.10", 80, sctp, nodePort(30111), endpoints("10.180.1.2:9000", "10.180.2.2:9000"))
+	sp := fixture.ServicePort("ns/sctp", "", model.SCTP, "172.30.11.10", 80).NodePort(30111).Endpoints("10.180.1.2:9000@local", "10.180.2.2:9000").Build()
 	kernelApply(t, b, kernelState(sp), model.Changes{Full: true})
 	for _, target := range []string{"172.30.11.10:80", "192.168.0.2:30111"} {
 		seen := map[string]int{}

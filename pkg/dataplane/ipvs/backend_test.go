@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -25,10 +26,10 @@ func TestFirstSyncProgramsEveryKindOfFrontend(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
-		svcPort("ns/np", "172.30.0.11", 80, nodePort(30080), endpoints("10.180.2.4:8080")),
-		svcPort("ns/lb", "172.30.0.12", 443, nodePort(30443), lbIPs("5.6.7.7"), externalIPs("192.168.99.9"), endpoints("10.180.2.5:8443")),
-		svcPort("ns/dns", "172.30.0.13", 53, udp, endpoints("10.180.2.6:5353")),
+		fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.1.2:8080@local", "10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/np", "", model.TCP, "172.30.0.11", 80).NodePort(30080).Endpoints("10.180.2.4:8080").Build(),
+		fixture.ServicePort("ns/lb", "", model.TCP, "172.30.0.12", 443).NodePort(30443).LoadBalancer("5.6.7.7").ExternalIPs("192.168.99.9").Endpoints("10.180.2.5:8443").Build(),
+		fixture.ServicePort("ns/dns", "", model.UDP, "172.30.0.13", 53).Endpoints("10.180.2.6:5353").Build(),
 	)
 	res := mustApply(t, b, state, model.Changes{Full: true})
 	if !res.Full {
@@ -89,18 +90,18 @@ func TestSchedulersComeFromConfigAndAnnotation(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{Scheduler: "lc"})
 	state := stateOf(
-		svcPort("ns/default", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
-		svcPort("ns/sh", "172.30.0.11", 80, scheduler("sh"), endpoints("10.180.2.3:8080")),
-		svcPort("ns/mh", "172.30.0.12", 80, scheduler("mh"), nodePort(30012), endpoints("10.180.2.3:8080")),
-		svcPort("ns/sticky", "172.30.0.13", 80, affinity(10800), endpoints("10.180.2.3:8080")),
+		fixture.ServicePort("ns/default", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/sh", "", model.TCP, "172.30.0.11", 80).Scheduler("sh").Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/mh", "", model.TCP, "172.30.0.12", 80).Scheduler("mh").NodePort(30012).Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/sticky", "", model.TCP, "172.30.0.13", 80).Affinity(10800).Endpoints("10.180.2.3:8080").Build(),
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	for key, want := range map[vsKey]vsParams{
-		{model.TCP, addr("172.30.0.10"), 80}:      {Scheduler: "lc"},
-		{model.TCP, addr("172.30.0.11"), 80}:      {Scheduler: "sh"},
-		{model.TCP, addr("172.30.0.12"), 80}:      {Scheduler: "mh", Flags: flagSched2},
+		{model.TCP, addr("172.30.0.10"), 80}:    {Scheduler: "lc"},
+		{model.TCP, addr("172.30.0.11"), 80}:    {Scheduler: "sh"},
+		{model.TCP, addr("172.30.0.12"), 80}:    {Scheduler: "mh", Flags: flagSched2},
 		{model.TCP, addr("192.168.0.2"), 30012}: {Scheduler: "mh", Flags: flagSched2},
-		{model.TCP, addr("172.30.0.13"), 80}:      {Scheduler: "lc", Flags: flagPersistent, Timeout: 10800},
+		{model.TCP, addr("172.30.0.13"), 80}:    {Scheduler: "lc", Flags: flagPersistent, Timeout: 10800},
 	} {
 		vs, ok := k.services[key]
 		if !ok {
@@ -115,10 +116,10 @@ func TestSchedulersComeFromConfigAndAnnotation(t *testing.T) {
 	// Changing the annotation changes the scheduler in place: the virtual server and its
 	// connections stay.
 	state = stateOf(
-		svcPort("ns/default", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
-		svcPort("ns/sh", "172.30.0.11", 80, scheduler("wrr"), endpoints("10.180.2.3:8080")),
-		svcPort("ns/mh", "172.30.0.12", 80, scheduler("mh"), nodePort(30012), endpoints("10.180.2.3:8080")),
-		svcPort("ns/sticky", "172.30.0.13", 80, affinity(10800), endpoints("10.180.2.3:8080")),
+		fixture.ServicePort("ns/default", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/sh", "", model.TCP, "172.30.0.11", 80).Scheduler("wrr").Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/mh", "", model.TCP, "172.30.0.12", 80).Scheduler("mh").NodePort(30012).Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/sticky", "", model.TCP, "172.30.0.13", 80).Affinity(10800).Endpoints("10.180.2.3:8080").Build(),
 	)
 	k.calls = nil
 	mustApply(t, b, state, changed("ns/sh"))
@@ -140,38 +141,38 @@ func TestTrafficPoliciesChooseRealServers(t *testing.T) {
 		noLocal, noEndpoints []string
 	}{{
 		name: "cluster policy uses every endpoint",
-		port: svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), endpoints(local, remote)),
+		port: fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).NodePort(30010).Endpoints(local+"@local", remote).Build(),
 		want: map[vsKey][]string{cip("172.30.0.10"): {local, remote}, np(30010): {local, remote}},
 	}, {
 		name: "external Local uses local endpoints for external frontends only",
-		port: svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalLocal, endpoints(local, remote)),
+		port: fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).NodePort(30010).ExternalLocal().Endpoints(local+"@local", remote).Build(),
 		want: map[vsKey][]string{cip("172.30.0.10"): {local, remote}, np(30010): {local}},
 	}, {
 		name:    "external Local without local endpoints falls back to the cluster's and drops outside traffic",
-		port:    svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalLocal, endpoints(remote)),
+		port:    fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).NodePort(30010).ExternalLocal().Endpoints(remote).Build(),
 		want:    map[vsKey][]string{cip("172.30.0.10"): {remote}, np(30010): {remote}},
 		noLocal: []string{"192.168.0.2,tcp:30010"},
 	}, {
 		name:        "external Local without any endpoint has no real server and nothing to drop",
-		port:        svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalLocal),
+		port:        fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).NodePort(30010).ExternalLocal().Build(),
 		want:        map[vsKey][]string{cip("172.30.0.10"): nil, np(30010): nil},
 		noEndpoints: []string{"172.30.0.10,tcp:80", "192.168.0.2,tcp:30010"},
 	}, {
 		name:        "cluster policy without any endpoint refuses every frontend with a reset",
-		port:        svcPort("ns/a", "172.30.0.10", 80, nodePort(30010), externalIPs("5.6.7.7")),
+		port:        fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).NodePort(30010).ExternalIPs("5.6.7.7").Build(),
 		want:        map[vsKey][]string{cip("172.30.0.10"): nil, np(30010): nil, cip("5.6.7.7"): nil},
 		noEndpoints: []string{"172.30.0.10,tcp:80", "192.168.0.2,tcp:30010", "5.6.7.7,tcp:80"},
 	}, {
 		name: "UDP without any endpoint is left to IPVS",
-		port: svcPort("ns/a", "172.30.0.10", 53, udp, nodePort(30053)),
+		port: fixture.ServicePort("ns/a", "", model.UDP, "172.30.0.10", 53).NodePort(30053).Build(),
 		want: map[vsKey][]string{{model.UDP, addr("172.30.0.10"), 53}: nil, {model.UDP, nodeIP, 30053}: nil},
 	}, {
 		name: "internal Local uses local endpoints for the ClusterIP",
-		port: svcPort("ns/a", "172.30.0.10", 80, internalLocal, endpoints(local, remote)),
+		port: fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).InternalLocal().Endpoints(local+"@local", remote).Build(),
 		want: map[vsKey][]string{cip("172.30.0.10"): {local}},
 	}, {
 		name:        "internal Local without local endpoints leaves the ClusterIP without real servers",
-		port:        svcPort("ns/a", "172.30.0.10", 80, internalLocal, nodePort(30010), endpoints(remote)),
+		port:        fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).InternalLocal().NodePort(30010).Endpoints(remote).Build(),
 		want:        map[vsKey][]string{cip("172.30.0.10"): nil, np(30010): {remote}},
 		noEndpoints: []string{"172.30.0.10,tcp:80"},
 	}}
@@ -214,13 +215,12 @@ func TestPartialSyncTouchesOnlyChangedServices(t *testing.T) {
 	b, _ := newTestBackend(t, k, Settings{})
 	var ports []*model.ServicePort
 	for i := range 200 {
-		ports = append(ports, svcPort(fmt.Sprintf("ns/s%03d", i), fmt.Sprintf("172.30.1.%d", i), 80, nodePort(int32(30000+i)),
-			endpoints(fmt.Sprintf("10.180.2.%d:8080", i))))
+		ports = append(ports, fixture.ServicePort(fmt.Sprintf("ns/s%03d", i), "", model.TCP, fmt.Sprintf("172.30.1.%d", i), 80).NodePort(int32(30000+i)).Endpoints(fmt.Sprintf("10.180.2.%d:8080", i)).Build())
 	}
 	mustApply(t, b, stateOf(ports...), model.Changes{Full: true})
 	restores := len(k.restores)
 
-	ports[7] = svcPort("ns/s007", "172.30.1.7", 80, nodePort(30007), endpoints("10.180.2.7:8080", "10.180.2.99:8080"))
+	ports[7] = fixture.ServicePort("ns/s007", "", model.TCP, "172.30.1.7", 80).NodePort(30007).Endpoints("10.180.2.7:8080", "10.180.2.99:8080").Build()
 	k.calls = nil
 	mustApply(t, b, stateOf(ports...), changed("ns/s007"))
 	st := b.LastStats()
@@ -257,10 +257,10 @@ func TestGracefulTermination(t *testing.T) {
 	dns := vsKey{model.UDP, addr("172.30.0.53"), 53}
 	old, next := addrPort("10.180.2.3:8080"), addrPort("10.180.2.4:8080")
 	oldDNS := addrPort("10.180.2.3:5353")
-	other := svcPort("ns/other", "172.30.0.99", 80, endpoints("10.180.2.9:8080"))
+	other := fixture.ServicePort("ns/other", "", model.TCP, "172.30.0.99", 80).Endpoints("10.180.2.9:8080").Build()
 	state := func(webEPs, dnsEPs []string) *model.NodeState {
-		return stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints(webEPs...)),
-			svcPort("ns/dns", "172.30.0.53", 53, udp, endpoints(dnsEPs...)), other)
+		return stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints(webEPs...).Build(),
+			fixture.ServicePort("ns/dns", "", model.UDP, "172.30.0.53", 53).Endpoints(dnsEPs...).Build(), other)
 	}
 	mustApply(t, b, state([]string{old.String()}, []string{oldDNS.String()}), model.Changes{Full: true})
 	k.setConnections(web, old, 1, 0)
@@ -303,16 +303,16 @@ func TestEndpointReturningWhileDrainingKeepsItsConnections(t *testing.T) {
 	b, _ := newTestBackend(t, k, Settings{})
 	web := vsKey{model.TCP, addr("172.30.0.10"), 80}
 	ep := addrPort("10.180.2.3:8080")
-	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints(ep.String(), "10.180.2.4:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints(ep.String(), "10.180.2.4:8080").Build()), model.Changes{Full: true})
 	k.setConnections(web, ep, 3, 1)
-	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.2.4:8080"))), changed("ns/web"))
+	mustApply(t, b, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.4:8080").Build()), changed("ns/web"))
 	if k.services[web].dests[ep].Weight != 0 {
 		t.Fatalf("real server not draining")
 	}
 	// Upstream deletes and re-adds it, which (with expire_nodest_conn) kills its
 	// connections; sluice puts it back in rotation.
 	k.calls = nil
-	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints(ep.String(), "10.180.2.4:8080"))), changed("ns/web"))
+	mustApply(t, b, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints(ep.String(), "10.180.2.4:8080").Build()), changed("ns/web"))
 	if want := []string{"update-rs 172.30.0.10:80/TCP 10.180.2.3:8080 weight 1"}; !slices.Equal(k.calls, want) {
 		t.Errorf("calls = %v, want %v", k.calls, want)
 	}
@@ -325,8 +325,8 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	k := newFakeNode()
 	b, clock := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
-		svcPort("ns/lb", "172.30.0.11", 443, lbIPs("5.6.7.7"), sourceRanges("198.51.100.0/24"), endpoints("10.180.2.5:8443")),
+		fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).NodePort(30080).Endpoints("10.180.1.2:8080@local", "10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/lb", "", model.TCP, "172.30.0.11", 443).LoadBalancer("5.6.7.7").SourceRanges("198.51.100.0/24").Endpoints("10.180.2.5:8443").Build(),
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	want := k.snapshot()
@@ -375,8 +375,8 @@ func TestRestartConvergesWithoutDisruption(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), affinity(60), endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
-		svcPort("ns/lb", "172.30.0.11", 443, lbIPs("5.6.7.7"), externalLocal, endpoints("10.180.1.5:8443")),
+		fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).NodePort(30080).Affinity(60).Endpoints("10.180.1.2:8080@local", "10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/lb", "", model.TCP, "172.30.0.11", 443).LoadBalancer("5.6.7.7").ExternalLocal().Endpoints("10.180.1.5:8443@local").Build(),
 	)
 	mustApply(t, b, state, model.Changes{Full: true})
 	want := k.snapshot()
@@ -421,7 +421,7 @@ COMMIT
 
 	b, _ := newTestBackend(t, k, Settings{ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("172.16.0.0/16")}})
 	k.calls = nil
-	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.3:8080").Build()), model.Changes{Full: true})
 	for _, c := range k.calls {
 		if strings.HasPrefix(c, "delete-vs "+web.String()) || strings.HasPrefix(c, "add-vs "+web.String()) {
 			t.Errorf("the Service's virtual server was recreated: %s", c)
@@ -484,7 +484,7 @@ COMMIT
 COMMIT
 `)
 	b, _ := newTestBackend(t, k, Settings{})
-	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.3:8080").Build()), model.Changes{Full: true})
 	for table, gone := range map[string][]string{
 		tableNAT:    {"KUBE-NODEPORTS", "KUBE-SVC-ABCDEF", "KUBE-SEP-ABCDEF"},
 		tableFilter: {"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES"},
@@ -514,9 +514,9 @@ func TestFailureIsolation(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
 	state := stateOf(
-		svcPort("ns/a", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
-		svcPort("ns/bad", "172.30.0.11", 80, endpoints("10.180.2.4:8080")),
-		svcPort("ns/c", "172.30.0.12", 80, endpoints("10.180.2.5:8080")),
+		fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/bad", "", model.TCP, "172.30.0.11", 80).Endpoints("10.180.2.4:8080").Build(),
+		fixture.ServicePort("ns/c", "", model.TCP, "172.30.0.12", 80).Endpoints("10.180.2.5:8080").Build(),
 	)
 	k.fault = failMatching("add-vs 172.30.0.11:80")
 	res := b.Apply(context.Background(), state, model.Changes{Full: true})
@@ -547,8 +547,8 @@ func TestMissingSchedulerFailsOnlyThatService(t *testing.T) {
 	delete(k.schedulers, "ovf")
 	b, _ := newTestBackend(t, k, Settings{})
 	res := b.Apply(context.Background(), stateOf(
-		svcPort("ns/a", "172.30.0.10", 80, endpoints("10.180.2.3:8080")),
-		svcPort("ns/ovf", "172.30.0.11", 80, scheduler("ovf"), endpoints("10.180.2.4:8080")),
+		fixture.ServicePort("ns/a", "", model.TCP, "172.30.0.10", 80).Endpoints("10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/ovf", "", model.TCP, "172.30.0.11", 80).Scheduler("ovf").Endpoints("10.180.2.4:8080").Build(),
 	), model.Changes{Full: true})
 	if res.Err != nil {
 		t.Fatal(res.Err)
@@ -562,8 +562,8 @@ func TestMissingSchedulerFailsOnlyThatService(t *testing.T) {
 func TestConflictingFrontendsFailTheNewcomer(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
-	first := svcPort("ns/first", "172.30.0.10", 80, externalIPs("192.168.99.9"), endpoints("10.180.2.3:8080"))
-	second := svcPort("ns/second", "172.30.0.11", 80, externalIPs("192.168.99.9"), endpoints("10.180.2.4:8080"))
+	first := fixture.ServicePort("ns/first", "", model.TCP, "172.30.0.10", 80).ExternalIPs("192.168.99.9").Endpoints("10.180.2.3:8080").Build()
+	second := fixture.ServicePort("ns/second", "", model.TCP, "172.30.0.11", 80).ExternalIPs("192.168.99.9").Endpoints("10.180.2.4:8080").Build()
 	mustApply(t, b, stateOf(first), model.Changes{Full: true})
 	res := b.Apply(context.Background(), stateOf(first, second), changed("ns/second"))
 	if err := res.Failed[nn("ns/second")]; err == nil || !strings.Contains(err.Error(), "already used by Service ns/first") {
@@ -677,36 +677,44 @@ func TestRandomFaultsConverge(t *testing.T) {
 }
 
 func randomPort(r *rand.Rand, name string, i int) *model.ServicePort {
-	var opts []portOpt
 	var eps []string
 	for j := range r.IntN(4) {
-		eps = append(eps, fmt.Sprintf("10.180.%d.%d:8080", 1+r.IntN(2), 10+j+r.IntN(3)))
+		subnet := 1 + r.IntN(2) // 10.180.1.x are this node's pods
+		ep := fmt.Sprintf("10.180.%d.%d:8080", subnet, 10+j+r.IntN(3))
+		if subnet == 1 {
+			ep += "@local"
+		}
+		eps = append(eps, ep)
 	}
-	opts = append(opts, endpoints(eps...))
-	if r.IntN(2) == 0 {
-		opts = append(opts, nodePort(int32(30000+i)))
+	withNodePort, withExternalIP, withLB, withExternalLocal := r.IntN(2) == 0, r.IntN(3) == 0, r.IntN(3) == 0, r.IntN(3) == 0
+	var sched string
+	if r.IntN(4) == 0 {
+		sched = []string{"sh", "mh", "lc"}[r.IntN(3)]
 	}
-	if r.IntN(3) == 0 {
+	var affinity int32
+	if r.IntN(4) == 0 {
+		affinity = int32(10 + r.IntN(100))
+	}
+	proto := model.TCP
+	if r.IntN(4) == 0 {
+		proto = model.UDP
+	}
+	p := fixture.ServicePort(name, "", proto, fmt.Sprintf("172.30.0.%d", 10+i), 80).Endpoints(eps...)
+	if withNodePort {
+		p.NodePort(int32(30000 + i))
+	}
+	if withExternalIP {
 		// Unique per Service: conflicts have their own test, and their winner depends on
 		// history, which a fresh node does not share.
-		opts = append(opts, externalIPs(fmt.Sprintf("192.168.99.%d", i)))
+		p.ExternalIPs(fmt.Sprintf("192.168.99.%d", i))
 	}
-	if r.IntN(3) == 0 {
-		opts = append(opts, lbIPs(fmt.Sprintf("5.6.7.%d", i)), sourceRanges("198.51.100.0/24"))
+	if withLB {
+		p.LoadBalancer(fmt.Sprintf("5.6.7.%d", i)).SourceRanges("198.51.100.0/24")
 	}
-	if r.IntN(3) == 0 {
-		opts = append(opts, externalLocal)
+	if withExternalLocal {
+		p.ExternalLocal()
 	}
-	if r.IntN(4) == 0 {
-		opts = append(opts, scheduler([]string{"sh", "mh", "lc"}[r.IntN(3)]))
-	}
-	if r.IntN(4) == 0 {
-		opts = append(opts, affinity(int32(10+r.IntN(100))))
-	}
-	if r.IntN(4) == 0 {
-		opts = append(opts, udp)
-	}
-	return svcPort(name, fmt.Sprintf("172.30.0.%d", 10+i), 80, opts...)
+	return p.Scheduler(sched).Affinity(affinity).Build()
 }
 
 func randomDrain(r *rand.Rand, k *fakeKernel) *realServer {
@@ -792,7 +800,7 @@ func TestSysctlsAndTimeouts(t *testing.T) {
 func TestCleanupRemovesEverythingAndIsSafeWithoutIPVS(t *testing.T) {
 	k := newFakeNode()
 	b, _ := newTestBackend(t, k, Settings{})
-	mustApply(t, b, stateOf(svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
+	mustApply(t, b, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).NodePort(30080).Endpoints("10.180.2.3:8080").Build()), model.Changes{Full: true})
 	// Another family's address stays, and so does the device holding it.
 	k.links[dummyDevice] = append(k.links[dummyDevice], addr("fd00:172:30::10"))
 	k.tables[tableFilter].order = append(k.tables[tableFilter].order, "KUBE-FIREWALL")
@@ -876,8 +884,8 @@ func TestIPv6UsesItsOwnSetsAndLeavesIPv4Alone(t *testing.T) {
 		t.Fatal(err)
 	}
 	b4, _ := newTestBackend(t, k, Settings{})
-	mustApply(t, b4, stateOf(svcPort("ns/web", "172.30.0.10", 80, nodePort(30080), endpoints("10.180.2.3:8080"))), model.Changes{Full: true})
-	sp6 := svcPort("ns/web", "fd00:172:30::10", 80, nodePort(30080), endpoints("[fd00:10::3]:8080"))
+	mustApply(t, b4, stateOf(fixture.ServicePort("ns/web", "", model.TCP, "172.30.0.10", 80).NodePort(30080).Endpoints("10.180.2.3:8080").Build()), model.Changes{Full: true})
+	sp6 := fixture.ServicePort("ns/web", "", model.TCP, "fd00:172:30::10", 80).NodePort(30080).Endpoints("[fd00:10::3]:8080").Build()
 	res := b6.Apply(context.Background(), stateOfFamily(model.IPv6, sp6), model.Changes{Full: true})
 	if res.Err != nil || len(res.Failed) > 0 {
 		t.Fatalf("Apply: %v %v", res.Err, res.Failed)

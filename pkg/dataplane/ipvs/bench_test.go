@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -21,8 +22,7 @@ func BenchmarkPartialSync(b *testing.B) {
 			}
 			ports := make([]*model.ServicePort, n)
 			for i := range ports {
-				ports[i] = svcPort(fmt.Sprintf("ns/s%05d", i), fmt.Sprintf("172.30.%d.%d", i/250, i%250), 80,
-					endpoints(fmt.Sprintf("10.180.2.%d:8080", i%250), fmt.Sprintf("10.180.1.%d:8080", i%250)))
+				ports[i] = fixture.ServicePort(fmt.Sprintf("ns/s%05d", i), "", model.TCP, fmt.Sprintf("172.30.%d.%d", i/250, i%250), 80).Endpoints(fmt.Sprintf("10.180.2.%d:8080", i%250), fmt.Sprintf("10.180.1.%d:8080@local", i%250)).Build()
 			}
 			state := stateOf(ports...)
 			if res := be.Apply(context.Background(), state, model.Changes{Full: true}); res.Err != nil {

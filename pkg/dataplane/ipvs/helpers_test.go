@@ -1,14 +1,11 @@
 package ipvs
 
-// Test conventions (unit tests, fake kernel). The builders of names, changes and node
-// states are the shared fixture's (pkg/dataplane/internal/fixture); the addresses are this
-// package's own, as its golden files were written with them:
-//
-//	node        "node-a", eth0 192.168.0.2 (primary node IP) and 2001:db8::1
-//	pods        10.0.0.0/8 (cluster CIDR); this node's pods are 10.244.1.x, others' 10.244.2.x
-//	ClusterIPs  172.30.0.0/16
-//	externalIPs 192.168.99.0/24, LoadBalancer IPs 5.6.7.0/24
-//	endpoints   listen on 8080 (TCP) or 5353 (UDP)
+// Test conventions (unit tests, fake kernel). The address plan and the builders of Service
+// ports, node states and changes are the shared fixture's (pkg/dataplane/internal/fixture):
+// node "node-a" with eth0 192.168.0.2 and 2001:db8::1, cluster CIDR 10.0.0.0/8, this
+// node's pods 10.180.1.x ("ip:port@local"), others' 10.180.2.x, ClusterIPs 172.30.x.y,
+// externalIPs 192.168.99.x, LoadBalancer IPs 5.6.7.x. Endpoints listen on 8080 (TCP) or
+// 5353 (UDP).
 
 import (
 	"context"
@@ -24,13 +21,11 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
-const nodeName = "node-a"
+const nodeName = fixture.NodeName
 
 var (
-	nodeIP    = netip.MustParseAddr("192.168.0.2")
-	nodeIPv6  = netip.MustParseAddr("2001:db8::1")
-	podCIDR   = netip.MustParsePrefix("10.0.0.0/8")
-	nodeInfo4 = model.NodeInfo{Name: nodeName, IPs: []netip.Addr{nodeIP, nodeIPv6}}
+	nodeIP   = fixture.NodeIPv4
+	nodeIPv6 = fixture.NodeIPv6
 )
 
 // fakeClock is a settable clock.
@@ -62,7 +57,7 @@ func testConfig(family model.IPFamily) dataplane.Config {
 		SyncPeriod:        30 * time.Second,
 	}
 	if family == model.IPv4 {
-		cfg.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}
+		cfg.LocalDetector = dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{fixture.ClusterCIDRv4}}
 	}
 	return cfg
 }
@@ -98,93 +93,11 @@ func mustApply(t *testing.T, b *Backend, state *model.NodeState, ch model.Change
 	return res
 }
 
-// --- building desired state ---------------------------------------------------------------
-
-type portOpt func(*model.ServicePort)
-
-// svcPort builds one TCP port of a ClusterIP Service: name "ns/name", clusterIP:port.
-func svcPort(name, clusterIP string, port int32, opts ...portOpt) *model.ServicePort {
-	sp := &model.ServicePort{
-		Name:      model.ServicePortName{NamespacedName: nn(name), Protocol: model.TCP},
-		Type:      model.TypeClusterIP,
-		ClusterIP: addr(clusterIP),
-		Port:      port,
-	}
-	for _, o := range opts {
-		o(sp)
-	}
-	sp.HasAnyEndpoints = len(sp.ClusterEndpoints) > 0 || len(sp.LocalEndpoints) > 0 || sp.HasAnyEndpoints
-	return sp
-}
-
-func udp(sp *model.ServicePort)  { sp.Name.Protocol = model.UDP }
-func sctp(sp *model.ServicePort) { sp.Name.Protocol = model.SCTP }
-
-func portName(n string) portOpt { return func(sp *model.ServicePort) { sp.Name.Port = n } }
-
-func nodePort(p int32) portOpt {
-	return func(sp *model.ServicePort) { sp.NodePort, sp.Type = p, model.TypeNodePort }
-}
-
-func externalIPs(ips ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		for _, ip := range ips {
-			sp.ExternalIPs = append(sp.ExternalIPs, addr(ip))
-		}
-	}
-}
-
-func lbIPs(ips ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		sp.Type = model.TypeLoadBalancer
-		for _, ip := range ips {
-			sp.LoadBalancerVIPs = append(sp.LoadBalancerVIPs, addr(ip))
-		}
-	}
-}
-
-func sourceRanges(cidrs ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		for _, c := range cidrs {
-			sp.LoadBalancerSourceRanges = append(sp.LoadBalancerSourceRanges, netip.MustParsePrefix(c))
-		}
-	}
-}
-
-func affinity(seconds int32) portOpt {
-	return func(sp *model.ServicePort) { sp.AffinityTimeoutSeconds = seconds }
-}
-
-func scheduler(s string) portOpt { return func(sp *model.ServicePort) { sp.Scheduler = s } }
-
-func healthCheck(p int32) portOpt { return func(sp *model.ServicePort) { sp.HealthCheckNodePort = p } }
-
-func externalLocal(sp *model.ServicePort) { sp.ExternalPolicyLocal = true }
-func internalLocal(sp *model.ServicePort) { sp.InternalPolicyLocal = true }
-
-// endpoints adds ready endpoints ("ip:port"); those in 10.180.1.0/24 are this node's. They
-// become the Cluster endpoints, and the local ones the Local endpoints.
-func endpoints(eps ...string) portOpt {
-	return func(sp *model.ServicePort) {
-		for _, s := range eps {
-			ap := addrPort(s)
-			ep := model.Endpoint{IP: ap.Addr(), Port: int32(ap.Port()), Ready: true, Serving: true,
-				IsLocal: netip.MustParsePrefix("10.180.1.0/24").Contains(ap.Addr())}
-			if ep.IsLocal {
-				ep.NodeName = nodeName
-				sp.LocalEndpoints = append(sp.LocalEndpoints, ep)
-			}
-			sp.AllEndpoints = append(sp.AllEndpoints, ep)
-			sp.ClusterEndpoints = append(sp.ClusterEndpoints, ep)
-		}
-	}
-}
-
 // stateOf builds an IPv4 NodeState holding the ports, grouped by Service.
 func stateOf(ports ...*model.ServicePort) *model.NodeState {
 	return stateOfFamily(model.IPv4, ports...)
 }
 
 func stateOfFamily(f model.IPFamily, ports ...*model.ServicePort) *model.NodeState {
-	return fixture.NodeState(f, nodeInfo4, ports...)
+	return fixture.NodeState(f, fixture.Node(), ports...)
 }

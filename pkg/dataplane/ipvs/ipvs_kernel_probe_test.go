@@ -8,7 +8,7 @@
 // Conventions: every test builds its own named network namespaces (netnstest.NewNamed) and
 // never touches the namespace it runs in.
 //
-//	client namespace   192.168.0.10/24 (TEST-NET-3), default route via the node
+//	client namespace   192.168.0.10/24, default route via the node
 //	node namespace     192.168.0.2/24 towards the client; Service VIP 172.30.0.10/32 on the
 //	                   dummy link kube-ipvs0, as kube-proxy's IPVS mode holds its VIPs;
 //	                   10.180.N.1/24 towards pod N

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -16,24 +17,22 @@ import (
 func renderWorld(f model.IPFamily) *model.NodeState {
 	if f == model.IPv6 {
 		state := stateOfFamily(model.IPv6,
-			svcPort("ns/web6", "fd00:172:30::10", 80, portName("http"), endpoints("[fd00:10::2]:8080", "[fd00:10::3]:8080")),
-			svcPort("ns/np6", "fd00:172:30::11", 80, nodePort(30600), affinity(600), endpoints("[fd00:10::4]:8080")),
-			svcPort("ns/lb6", "fd00:172:30::12", 443, nodePort(30643), lbIPs("2001:db8:1::7"), sourceRanges("2001:db8:77::/64"), endpoints("[fd00:10::5]:8443")),
+			fixture.ServicePort("ns/web6", "http", model.TCP, "fd00:172:30::10", 80).Endpoints("[fd00:10::2]:8080", "[fd00:10::3]:8080").Build(),
+			fixture.ServicePort("ns/np6", "", model.TCP, "fd00:172:30::11", 80).NodePort(30600).Affinity(600).Endpoints("[fd00:10::4]:8080").Build(),
+			fixture.ServicePort("ns/lb6", "", model.TCP, "fd00:172:30::12", 443).NodePort(30643).LoadBalancer("2001:db8:1::7").SourceRanges("2001:db8:77::/64").Endpoints("[fd00:10::5]:8443").Build(),
 		)
 		return state
 	}
 	return stateOf(
-		svcPort("ns/web", "172.30.0.10", 80, portName("http"), endpoints("10.180.1.2:8080", "10.180.2.3:8080")),
-		svcPort("ns/dns", "172.30.0.13", 53, udp, scheduler("mh"), endpoints("10.180.2.6:5353")),
-		svcPort("ns/np", "172.30.0.11", 80, nodePort(30080), affinity(10800), endpoints("10.180.2.4:8080")),
-		svcPort("ns/sctp", "172.30.0.14", 7777, sctp, nodePort(30777), endpoints("10.180.2.7:7777")),
-		svcPort("ns/lb", "172.30.0.12", 443, nodePort(30443), lbIPs("5.6.7.7"), sourceRanges("198.51.100.0/24"),
-			externalIPs("192.168.99.9"), endpoints("10.180.2.5:8443")),
-		svcPort("ns/local", "172.30.0.15", 80, nodePort(30081), lbIPs("5.6.7.8"), externalLocal, healthCheck(32000),
-			endpoints("10.180.2.8:8080")),
-		svcPort("ns/empty", "172.30.0.16", 80),
+		fixture.ServicePort("ns/web", "http", model.TCP, "172.30.0.10", 80).Endpoints("10.180.1.2:8080@local", "10.180.2.3:8080").Build(),
+		fixture.ServicePort("ns/dns", "", model.UDP, "172.30.0.13", 53).Scheduler("mh").Endpoints("10.180.2.6:5353").Build(),
+		fixture.ServicePort("ns/np", "", model.TCP, "172.30.0.11", 80).NodePort(30080).Affinity(10800).Endpoints("10.180.2.4:8080").Build(),
+		fixture.ServicePort("ns/sctp", "", model.SCTP, "172.30.0.14", 7777).NodePort(30777).Endpoints("10.180.2.7:7777").Build(),
+		fixture.ServicePort("ns/lb", "", model.TCP, "172.30.0.12", 443).NodePort(30443).LoadBalancer("5.6.7.7").SourceRanges("198.51.100.0/24").ExternalIPs("192.168.99.9").Endpoints("10.180.2.5:8443").Build(),
+		fixture.ServicePort("ns/local", "", model.TCP, "172.30.0.15", 80).NodePort(30081).LoadBalancer("5.6.7.8").ExternalLocal().HealthCheckNodePort(32000).Endpoints("10.180.2.8:8080").Build(),
+		fixture.ServicePort("ns/empty", "", model.TCP, "172.30.0.16", 80).Build(),
 		// Wants the externalIP ns/lb holds: the first by name keeps it.
-		svcPort("ns/second", "172.30.0.17", 443, externalIPs("192.168.99.9"), endpoints("10.180.2.9:8443")),
+		fixture.ServicePort("ns/second", "", model.TCP, "172.30.0.17", 443).ExternalIPs("192.168.99.9").Endpoints("10.180.2.9:8443").Build(),
 	)
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -24,12 +25,11 @@ func freshSnapshot(t *testing.T, state *model.NodeState) string {
 // node holds exactly the Service's previous version, with its set entries and rules; a
 // new Service that fails is absent; others in the same sync are programmed.
 func TestRejectedUpdateKeepsTheLastGoodVersion(t *testing.T) {
-	v1 := svcPort("ns/bad", "172.30.0.11", 80, endpoints("10.180.2.3:8080", "10.180.2.4:8080"))
-	v2 := svcPort("ns/bad", "172.30.0.11", 80, nodePort(30011), externalIPs("192.168.99.11"), scheduler("lc"),
-		endpoints("10.180.2.8:8080", "10.180.2.9:8080"))
-	other1 := svcPort("ns/other", "172.30.0.12", 80, endpoints("10.180.2.5:8080"))
-	other2 := svcPort("ns/other", "172.30.0.12", 80, nodePort(30012), endpoints("10.180.2.6:8080"))
-	fresh := svcPort("ns/new", "172.30.0.13", 80, externalIPs("192.168.99.13"), endpoints("10.180.2.7:8080"))
+	v1 := fixture.ServicePort("ns/bad", "", model.TCP, "172.30.0.11", 80).Endpoints("10.180.2.3:8080", "10.180.2.4:8080").Build()
+	v2 := fixture.ServicePort("ns/bad", "", model.TCP, "172.30.0.11", 80).NodePort(30011).ExternalIPs("192.168.99.11").Scheduler("lc").Endpoints("10.180.2.8:8080", "10.180.2.9:8080").Build()
+	other1 := fixture.ServicePort("ns/other", "", model.TCP, "172.30.0.12", 80).Endpoints("10.180.2.5:8080").Build()
+	other2 := fixture.ServicePort("ns/other", "", model.TCP, "172.30.0.12", 80).NodePort(30012).Endpoints("10.180.2.6:8080").Build()
+	fresh := fixture.ServicePort("ns/new", "", model.TCP, "172.30.0.13", 80).ExternalIPs("192.168.99.13").Endpoints("10.180.2.7:8080").Build()
 	for _, tc := range []struct {
 		name string
 		full bool
@@ -41,7 +41,7 @@ func TestRejectedUpdateKeepsTheLastGoodVersion(t *testing.T) {
 
 			faults := map[string]bool{
 				"add-rs 192.168.0.2:30011/TCP 10.180.2.8:8080": true, // bad's new NodePort, after its ClusterIP moved
-				"add-rs 192.168.99.13:80/TCP 10.180.2.7:8080":      true, // new's externalIP
+				"add-rs 192.168.99.13:80/TCP 10.180.2.7:8080":  true, // new's externalIP
 			}
 			k.fault = func(call string) error {
 				if faults[call] {
@@ -83,9 +83,9 @@ func TestRejectedUpdateKeepsTheLastGoodVersion(t *testing.T) {
 // Service's last good version; when the kernel rejects its first version of it, the
 // Service keeps the virtual servers the kernel held for it instead of losing them.
 func TestRejectedUpdateAfterRestartKeepsWhatTheKernelHeld(t *testing.T) {
-	v1 := svcPort("ns/bad", "172.30.0.11", 80, endpoints("10.180.2.3:8080"))
-	v2 := svcPort("ns/bad", "172.30.0.11", 80, scheduler("ovf"), endpoints("10.180.2.8:8080"))
-	other := svcPort("ns/other", "172.30.0.12", 80, endpoints("10.180.2.5:8080"))
+	v1 := fixture.ServicePort("ns/bad", "", model.TCP, "172.30.0.11", 80).Endpoints("10.180.2.3:8080").Build()
+	v2 := fixture.ServicePort("ns/bad", "", model.TCP, "172.30.0.11", 80).Scheduler("ovf").Endpoints("10.180.2.8:8080").Build()
+	other := fixture.ServicePort("ns/other", "", model.TCP, "172.30.0.12", 80).Endpoints("10.180.2.5:8080").Build()
 	k := newFakeNode()
 	old, _ := newTestBackend(t, k, Settings{})
 	mustApply(t, old, stateOf(v1, other), model.Changes{Full: true})

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -39,7 +40,7 @@ func golden(t *testing.T, name, got string) {
 }
 
 func TestRulesetGolden(t *testing.T) {
-	clusterCIDR := dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}
+	clusterCIDR := dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{fixture.ClusterCIDRv4}}
 	rs := renderRules(ruleConfig{family: model.IPv4, markBit: 14, detector: clusterCIDR},
 		[]outFilterRule{{addr: addr("5.6.7.7"), proto: model.TCP, port: 443}})
 	golden(t, "rules-ipv4.golden", string(restoreInput(rs, nil)))
@@ -57,7 +58,7 @@ func TestRulesFollowTheLocalDetectorAndMasqueradeAll(t *testing.T) {
 		want, absent []string
 	}{{
 		name: "cluster CIDR masquerades ClusterIP traffic from outside it",
-		cfg:  ruleConfig{family: model.IPv4, markBit: 14, detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}},
+		cfg:  ruleConfig{family: model.IPv4, markBit: 14, detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{fixture.ClusterCIDRv4}}},
 		want: []string{`-m set --match-set KUBE-CLUSTER-IP dst,dst ! -s 10.0.0.0/8 -j KUBE-MARK-MASQ`,
 			`-m set --match-set KUBE-SLUICE-NO-LOCAL-EPS dst,dst -s 10.0.0.0/8 -j RETURN`},
 	}, {
@@ -67,7 +68,7 @@ func TestRulesFollowTheLocalDetectorAndMasqueradeAll(t *testing.T) {
 	}, {
 		name: "masqueradeAll masquerades every ClusterIP packet",
 		cfg: ruleConfig{family: model.IPv4, markBit: 14, masqueradeAll: true,
-			detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{podCIDR}}},
+			detector: dataplane.LocalDetector{Mode: dataplane.DetectLocalClusterCIDR, CIDRs: []netip.Prefix{fixture.ClusterCIDRv4}}},
 		want:   []string{`-m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ`},
 		absent: []string{`! -s 10.0.0.0/8`},
 	}, {
