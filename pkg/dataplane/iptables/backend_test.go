@@ -9,15 +9,13 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
-
-var tcp = v1.ProtocolTCP
 
 // fromScratch returns the rules a full sync of st writes on an empty kernel.
 func fromScratch(t *testing.T, cfg dataplane.Config, flavour Flavour, st *model.NodeState) map[string][]string {
@@ -61,29 +59,27 @@ func TestPartialSyncsConvergeToFullSync(t *testing.T) {
 				changed []string
 			}{
 				{"endpoint replaced", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}, ep{ip: "10.180.2.99", node: "node2"}))
+					w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.1.1:80@local", "10.180.2.99:80").Build())
 				}, []string{"ns1/svc1"}},
-				{"scaled to zero", func() { w.set(svc("ns1", "svc1", "172.30.0.41"), nil) }, []string{"ns1/svc1"}},
+				{"scaled to zero", func() { w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Build()) }, []string{"ns1/svc1"}},
 				{"scaled up from zero", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
+					w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.2.1:80").Build())
 				}, []string{"ns1/svc1"}},
 				{"became a LoadBalancer with source ranges and Local policy", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41", loadBalancer(3099, "5.6.7.99"), etpLocal(30099), sourceRanges("10.9.0.0/16")),
-						slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}, ep{ip: "10.180.2.1", node: "node2"}))
+					w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).NodePort(3099).LoadBalancer("5.6.7.99").ExternalLocal().HealthCheckNodePort(30099).SourceRanges("10.9.0.0/16").Endpoints("10.180.1.1:80@local", "10.180.2.1:80").Build())
 				}, []string{"ns1/svc1"}},
 				{"local endpoint went away", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41", loadBalancer(3099, "5.6.7.99"), etpLocal(30099), sourceRanges("10.9.0.0/16")),
-						slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
+					w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).NodePort(3099).LoadBalancer("5.6.7.99").ExternalLocal().HealthCheckNodePort(30099).SourceRanges("10.9.0.0/16").Endpoints("10.180.2.1:80").Build())
 				}, []string{"ns1/svc1"}},
 				{"affinity added", func() {
-					w.set(svc("ns1", "svc1", "172.30.0.41", affinity(60)), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
+					w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Affinity(60).Endpoints("10.180.2.1:80").Build())
 				}, []string{"ns1/svc1"}},
 				{"two Services at once, one deleted", func() {
 					w.remove("ns3", "svc3")
-					w.set(svc("ns2", "svc2", "172.30.0.42", nodePort(3002)), slice("ns2", "svc2", 80, tcp, ep{ip: "10.180.1.2", node: "node1"}))
+					w.set(fixture.APIService("ns2/svc2", "p80", model.TCP, "172.30.0.42", 80).NodePort(3002).Endpoints("10.180.1.2:80@local").Build())
 				}, []string{"ns3/svc3", "ns2/svc2"}},
 				{"new Service", func() {
-					w.add(svc("ns20", "new", "172.30.0.120", externalIPs("192.168.99.20")), slice("ns20", "new", 80, tcp, ep{ip: "10.180.2.120", node: "node2"}))
+					w.add(fixture.APIService("ns20/new", "p80", model.TCP, "172.30.0.120", 80).ExternalIPs("192.168.99.20").Endpoints("10.180.2.120:80").Build())
 				}, []string{"ns20/new"}},
 				{"no-op change", func() {}, []string{"ns20/new"}},
 			}
@@ -174,7 +170,7 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 
 			// The next sync retries it (the loop marks it changed): still failing, still
 			// alone, and partial.
-			w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.77", node: "node2"}))
+			w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.2.77:80").Build())
 			res = b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3", "ns1/svc1"))
 			if res.Err != nil || res.Full || len(res.Failed) != 1 || res.Failed[bad] == nil {
 				t.Fatalf("retry: Err=%v Full=%v Failed=%v", res.Err, res.Full, res.Failed)
@@ -198,7 +194,7 @@ func TestFailingServiceIsLeftOutAndOthersProgrammed(t *testing.T) {
 			// loop gives its last good version while it waits for its retry).
 			lastGood := w.state(model.IPv4)
 			k.rejectAtCommit = func(table, chain string, r *fakeRule) bool { return strings.Contains(r.spec, "10.180.2.33:80") }
-			w.set(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.180.2.33", node: "node2"}))
+			w.set(fixture.APIService("ns3/svc3", "p80", model.TCP, "172.30.0.43", 80).NodePort(3003).Endpoints("10.180.2.33:80").Build())
 			res = b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3"))
 			if res.Err != nil || res.Failed[bad] == nil {
 				t.Fatalf("update: Err=%v Failed=%v", res.Err, res.Failed)
@@ -246,7 +242,7 @@ func TestHalfTakenUpdateIsWrittenBack(t *testing.T) {
 			k.rejectAtCommit = func(table, chain string, r *fakeRule) bool {
 				return table == tableFilter && strings.Contains(r.spec, "172.30.0.43")
 			}
-			w.set(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), nil)
+			w.set(fixture.APIService("ns3/svc3", "p80", model.TCP, "172.30.0.43", 80).NodePort(3003).Build())
 			res := b.Apply(context.Background(), w.state(model.IPv4), changed("ns3/svc3"))
 			if res.Err != nil || len(res.Failed) != 1 || res.Failed[bad] == nil {
 				t.Fatalf("Err=%v Failed=%v", res.Err, res.Failed)
@@ -299,7 +295,7 @@ func TestDriftIsRepairedByAFullSync(t *testing.T) {
 	k.mu.Unlock()
 
 	// The next change of svc1 deletes that rule: the -D fails.
-	w.set(svc("ns1", "svc1", "172.30.0.141", externalIPs("192.168.99.1")), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.1", node: "node2"}))
+	w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.141", 80).ExternalIPs("192.168.99.1").Endpoints("10.180.2.1:80").Build())
 	res := mustApply(t, b, w.state(model.IPv4), changed("ns1/svc1"))
 	if !res.Full {
 		t.Fatalf("drift was not answered by a full sync")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -40,9 +41,9 @@ func TestKernelTrafficCounters(t *testing.T) {
 			top := newTopology(t)
 			b := newKernelBackend(t, f)
 			w := &world{}
-			a, bb := ep{ip: kPodA, node: "node1"}, ep{ip: kPodB, node: "node2"}
-			w.add(svc("ns", "web", "172.30.0.10", nodePort(30001)), slice("ns", "web", 80, tcp, a, bb))
-			w.add(svc("ns", "plain", "172.30.0.11"), slice("ns", "plain", 80, tcp, a))
+			a, bb := kPodA+":80@local", kPodB+":80"
+			w.add(fixture.APIService("ns/web", "p80", model.TCP, "172.30.0.10", 80).NodePort(30001).Endpoints(a, bb).Build())
+			w.add(fixture.APIService("ns/plain", "p80", model.TCP, "172.30.0.11", 80).Endpoints(a).Build())
 			// Only web is counted: plain shows a Service without counters beside it.
 			state := func() *model.NodeState { return countertest.Counted(w.kstate(), "ns/web") }
 			kApply(t, b, state(), full())
@@ -56,7 +57,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 			countertest.Want(t, b, want)
 
 			// Endpoint change: KUBE-SVC is rewritten in a partial sync, with its counts.
-			w.set(svc("ns", "web", "172.30.0.10", nodePort(30001)), slice("ns", "web", 80, tcp, a))
+			w.set(fixture.APIService("ns/web", "p80", model.TCP, "172.30.0.10", 80).NodePort(30001).Endpoints(a).Build())
 			if res := kApply(t, b, state(), changed("ns/web")); res.Full {
 				t.Fatal("the endpoint change was a full sync")
 			}
@@ -86,12 +87,12 @@ func TestKernelTrafficCountersIPv6(t *testing.T) {
 			pod := ipv6Pod(t)
 
 			w := &world{}
-			w.add(svc("ns", "v6", "fd00:172:30::10"), slice("ns", "v6", 80, tcp, ep{ip: "fd00:10::2", node: "node1"}))
+			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).Endpoints("[fd00:10::2]:80@local").Build())
 			b, err := New(context.Background(), testConfig(model.IPv6), WithFlavour(f))
 			if err != nil {
 				t.Fatal(err)
 			}
-			node := model.NodeInfo{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
+			node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
 			st := model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}, TrafficCounters: model.TrafficCountersAll})[model.IPv6]
 			kApply(t, b, st, full())
 			const n = 5

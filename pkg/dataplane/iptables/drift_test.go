@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -34,7 +35,7 @@ func TestDriftRepairsAreCounted(t *testing.T) {
 	b, k, _ := newTestBackend(t, cfg, FlavourLegacy)
 	mustApply(t, b, w.state(model.IPv4), full())
 	before := driftCounts()
-	w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.9", node: "node2"}))
+	w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.2.9:80").Build())
 	mustApply(t, b, w.state(model.IPv4), changed("ns1/svc1"))
 	mustApply(t, b, w.state(model.IPv4), full())
 	if d := driftDelta(before); len(d) != 0 {

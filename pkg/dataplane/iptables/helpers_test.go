@@ -1,14 +1,13 @@
 package iptables
 
-// Test conventions (as upstream's proxier tests). The IPv4 node address, the cluster CIDRs
-// and the change builders are the shared fixture's (pkg/dataplane/internal/fixture); the
-// rest is this package's own, as its golden files were written with it:
-//
-//	node "node1", IPs 192.168.0.2 and 2001:db8::1 (and 127.0.0.1, ::1 local)
-//	cluster (pod) CIDR 10.0.0.0/8 and fd00:10::/64; pods here 10.0.1.x, elsewhere 10.0.2.x
-//	ClusterIPs 172.30.0.0/16 and fd00:172:30::/112
-//	externalIPs 192.168.99.0/24, LoadBalancer IPs 5.6.7.0/24
-//	masquerade bit 14 (mark 0x004000)
+// Test conventions (as upstream's proxier tests). The address plan and the builders of
+// Services, EndpointSlices and changes are the shared fixture's
+// (pkg/dataplane/internal/fixture): node "node-a" with 192.168.0.2 and 2001:db8::1 (and
+// 127.0.0.1, ::1 local), cluster CIDR 10.0.0.0/8 and fd00:10::/64, this node's pods
+// 10.180.1.x, others' 10.180.2.x (on "node-b"), ClusterIPs 172.30.0.0/16 and
+// fd00:172:30::/112, externalIPs 192.168.99.0/24, LoadBalancer IPs 5.6.7.0/24. The tests
+// build API objects (fixture.APIService) and compute the node's state with model.Compute,
+// as the daemon does. Masquerade bit 14 (mark 0x004000).
 
 import (
 	"context"
@@ -21,9 +20,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
@@ -31,13 +28,13 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
-const testNodeName = "node1"
+const testNodeName = fixture.NodeName
 
 var (
 	testNodeIPv4 = fixture.NodeIPv4
-	testNodeIPv6 = netip.MustParseAddr("2001:db8::1")
+	testNodeIPv6 = fixture.NodeIPv6
 	testNode     = model.NodeInfo{Name: testNodeName, IPs: []netip.Addr{testNodeIPv4, testNodeIPv6},
-		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.180.1.0/24"), netip.MustParsePrefix("fd00:10::/64")}}
+		PodCIDRs: []netip.Prefix{fixture.LocalPodsv4, fixture.ClusterCIDRv6}}
 	testLocalAddrs = []netip.Addr{testNodeIPv4, testNodeIPv6, netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}
 )
 
@@ -75,111 +72,6 @@ func newTestBackend(t testing.TB, cfg dataplane.Config, flavour Flavour, opts ..
 	}
 	return b, k, clock
 }
-
-// svc builds a Service; mutate adjusts it.
-func svc(ns, name, clusterIP string, mutate ...func(*v1.Service)) *v1.Service {
-	s := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1.ServiceSpec{
-			Type:       v1.ServiceTypeClusterIP,
-			ClusterIP:  clusterIP,
-			ClusterIPs: []string{clusterIP},
-			Ports:      []v1.ServicePort{{Name: "p80", Port: 80, Protocol: v1.ProtocolTCP, TargetPort: intstr.FromInt32(80)}},
-		},
-	}
-	for _, m := range mutate {
-		m(s)
-	}
-	return s
-}
-
-func nodePort(port int32) func(*v1.Service) {
-	return func(s *v1.Service) {
-		s.Spec.Type = v1.ServiceTypeNodePort
-		s.Spec.Ports[0].NodePort = port
-	}
-}
-
-func loadBalancer(nodePort int32, ips ...string) func(*v1.Service) {
-	return func(s *v1.Service) {
-		s.Spec.Type = v1.ServiceTypeLoadBalancer
-		s.Spec.Ports[0].NodePort = nodePort
-		for _, ip := range ips {
-			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, v1.LoadBalancerIngress{IP: ip})
-		}
-	}
-}
-
-func externalIPs(ips ...string) func(*v1.Service) {
-	return func(s *v1.Service) { s.Spec.ExternalIPs = ips }
-}
-
-func etpLocal(hcPort int32) func(*v1.Service) {
-	return func(s *v1.Service) {
-		s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
-		s.Spec.HealthCheckNodePort = hcPort
-	}
-}
-
-func itpLocal(s *v1.Service) {
-	p := v1.ServiceInternalTrafficPolicyLocal
-	s.Spec.InternalTrafficPolicy = &p
-}
-
-func affinity(seconds int32) func(*v1.Service) {
-	return func(s *v1.Service) {
-		s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
-		s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: &seconds}}
-	}
-}
-
-func sourceRanges(cidrs ...string) func(*v1.Service) {
-	return func(s *v1.Service) { s.Spec.LoadBalancerSourceRanges = cidrs }
-}
-
-func protocol(p v1.Protocol, port int32) func(*v1.Service) {
-	return func(s *v1.Service) {
-		s.Spec.Ports[0].Protocol = p
-		s.Spec.Ports[0].Port = port
-		s.Spec.Ports[0].TargetPort = intstr.FromInt32(port)
-	}
-}
-
-// ep describes one endpoint.
-type ep struct {
-	ip          string
-	node        string
-	notReady    bool
-	terminating bool
-}
-
-// slice builds the EndpointSlice of a Service, with every endpoint on port 80 (or the
-// Service's first port number when given).
-func slice(ns, svcName string, port int32, proto v1.Protocol, eps ...ep) *discoveryv1.EndpointSlice {
-	addrType := discoveryv1.AddressTypeIPv4
-	if len(eps) > 0 && strings.Contains(eps[0].ip, ":") {
-		addrType = discoveryv1.AddressTypeIPv6
-	}
-	s := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: svcName + "-abc", Labels: map[string]string{discoveryv1.LabelServiceName: svcName}},
-		AddressType: addrType,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("p80"), Port: ptr(port), Protocol: ptr(proto)}},
-	}
-	for _, e := range eps {
-		node := e.node
-		ready := !e.notReady && !e.terminating
-		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
-			Addresses: []string{e.ip},
-			NodeName:  &node,
-			Conditions: discoveryv1.EndpointConditions{
-				Ready: ptr(ready), Serving: ptr(!e.notReady), Terminating: ptr(e.terminating),
-			},
-		})
-	}
-	return s
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // world is the cluster's objects; state computes one family's NodeState from them.
 type world struct {
@@ -308,7 +200,7 @@ func scaleState(n, eps int) *model.NodeState {
 			j := i*eps + e
 			sp.AllEndpoints = append(sp.AllEndpoints, model.Endpoint{
 				IP: netip.AddrFrom4([4]byte{10, byte(j >> 16), byte(j >> 8), byte(j)}), Port: 8080,
-				Ready: true, Serving: true, NodeName: "node2",
+				Ready: true, Serving: true, NodeName: fixture.OtherNode,
 			})
 		}
 		sp.ClusterEndpoints = sp.AllEndpoints

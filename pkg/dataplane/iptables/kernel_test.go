@@ -7,9 +7,9 @@ package iptables
 // are named namespaces behind veth pairs:
 //
 //	client 192.168.0.10 ──veth── 192.168.0.2  NODE  10.180.1.1 ──veth── 10.180.1.2 pod-a
-//	                                                     10.180.2.1 ──veth── 10.180.2.2 pod-b
+//	                                                 10.180.2.1 ──veth── 10.180.2.2 pod-b
 //
-// pod-a's endpoint is on this node ("node1"); pod-b's is declared on "node2", so it
+// pod-a's endpoint is on this node ("node-a"); pod-b's is declared on "node-b", so it
 // stands for a remote endpoint. Each pod answers TCP and UDP on port 80 with its name and
 // the source address it saw, which tells whether the packet was masqueraded.
 
@@ -28,10 +28,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/netnstest"
 )
@@ -224,7 +224,7 @@ func kernelConfig() dataplane.Config {
 	return cfg
 }
 
-var kNode = model.NodeInfo{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr(kNodeIP)}}
+var kNode = model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr(kNodeIP)}}
 
 func (w *world) kstate() *model.NodeState {
 	return model.Compute(w.services, w.slices, kNode, nil, model.Options{Families: []model.IPFamily{model.IPv4}})[model.IPv4]
@@ -255,15 +255,15 @@ var flavours = []Flavour{FlavourLegacy, FlavourNFT}
 // with only pod-b), svc-udp, svc-lb (LoadBalancer 5.6.7.8, source ranges).
 func kWorld(sourceRange string) *world {
 	w := &world{}
-	a := ep{ip: kPodA, node: "node1"}
-	b := ep{ip: kPodB, node: "node2"}
-	w.add(svc("ns", "both", "172.30.0.10", nodePort(30001)), slice("ns", "both", 80, tcp, a, b))
-	w.add(svc("ns", "none", "172.30.0.11", nodePort(30002)), nil)
-	w.add(svc("ns", "local", "172.30.0.12", nodePort(30003), etpLocal(0)), slice("ns", "local", 80, tcp, a, b))
-	w.add(svc("ns", "remote", "172.30.0.13", nodePort(30004), etpLocal(0)), slice("ns", "remote", 80, tcp, b))
-	w.add(svc("ns", "udp", "172.30.0.14", protocol(v1.ProtocolUDP, 80)), slice("ns", "udp", 80, v1.ProtocolUDP, b))
-	w.add(svc("ns", "lb", "172.30.0.15", loadBalancer(30005, "5.6.7.8"), sourceRanges(sourceRange)), slice("ns", "lb", 80, tcp, a))
-	w.add(svc("ns", "sticky", "172.30.0.16", affinity(60)), slice("ns", "sticky", 80, tcp, a, b))
+	a := kPodA + ":80@local"
+	b := kPodB + ":80"
+	w.add(fixture.APIService("ns/both", "p80", model.TCP, "172.30.0.10", 80).NodePort(30001).Endpoints(a, b).Build())
+	w.add(fixture.APIService("ns/none", "p80", model.TCP, "172.30.0.11", 80).NodePort(30002).Build())
+	w.add(fixture.APIService("ns/local", "p80", model.TCP, "172.30.0.12", 80).NodePort(30003).ExternalLocal().Endpoints(a, b).Build())
+	w.add(fixture.APIService("ns/remote", "p80", model.TCP, "172.30.0.13", 80).NodePort(30004).ExternalLocal().Endpoints(b).Build())
+	w.add(fixture.APIService("ns/udp", "p80", model.UDP, "172.30.0.14", 80).Endpoints(b).Build())
+	w.add(fixture.APIService("ns/lb", "p80", model.TCP, "172.30.0.15", 80).NodePort(30005).LoadBalancer("5.6.7.8").SourceRanges(sourceRange).Endpoints(a).Build())
+	w.add(fixture.APIService("ns/sticky", "p80", model.TCP, "172.30.0.16", 80).Affinity(60).Endpoints(a, b).Build())
 	return w
 }
 
@@ -366,7 +366,7 @@ func TestKernelNoGap(t *testing.T) {
 			b := newKernelBackend(t, f)
 			kApply(t, b, w.kstate(), full())
 			// A partial sync of another Service during traffic.
-			w.set(svc("ns", "udp", "172.30.0.14", protocol(v1.ProtocolUDP, 80)), slice("ns", "udp", 80, v1.ProtocolUDP, ep{ip: kPodA, node: "node1"}))
+			w.set(fixture.APIService("ns/udp", "p80", model.UDP, "172.30.0.14", 80).Endpoints(kPodA + ":80@local").Build())
 			if res := kApply(t, b, w.kstate(), changed("ns/udp")); res.Full {
 				t.Errorf("second sync was full")
 			}
@@ -430,7 +430,7 @@ func TestKernelFailingServiceIsIsolated(t *testing.T) {
 
 			// Retried on the next sync (the loop marks it changed): still isolated,
 			// partial, and a change elsewhere goes through.
-			w.set(svc("ns", "none", "172.30.0.11", nodePort(30002)), slice("ns", "none", 80, tcp, ep{ip: kPodB, node: "node2"}))
+			w.set(fixture.APIService("ns/none", "p80", model.TCP, "172.30.0.11", 80).NodePort(30002).Endpoints(kPodB + ":80").Build())
 			res = b.Apply(context.Background(), w.kstate(), changed("ns/local", "ns/none"))
 			if res.Err != nil || res.Full || len(res.Failed) != 1 {
 				t.Fatalf("retry: err=%v full=%v failed=%v", res.Err, res.Full, res.Failed)
@@ -490,14 +490,14 @@ func TestKernelIPv6(t *testing.T) {
 			run(t, "sysctl", "-qw", "net.ipv6.icmp.ratelimit=0")
 
 			w := &world{}
-			w.add(svc("ns", "v6", "fd00:172:30::10"), slice("ns", "v6", 80, tcp, ep{ip: "fd00:10::2", node: "node1"}))
-			w.add(svc("ns", "v6none", "fd00:172:30::11"), nil)
+			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).Endpoints("[fd00:10::2]:80@local").Build())
+			w.add(fixture.APIService("ns/v6none", "p80", model.TCP, "fd00:172:30::11", 80).Build())
 			cfg := testConfig(model.IPv6)
 			b, err := New(context.Background(), cfg, WithFlavour(f))
 			if err != nil {
 				t.Fatal(err)
 			}
-			node := model.NodeInfo{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
+			node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
 			st := model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}})[model.IPv6]
 			kApply(t, b, st, full())
 			expect(t, "IPv6 ClusterIP, hairpin", pod, "tcp", "[fd00:172:30::10]:80", "pod6 fd00:10::1")
@@ -526,17 +526,12 @@ func TestKernelNoEndpointsRefusedAtOnce(t *testing.T) {
 			run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 
 			w := &world{}
-			w.add(svc("ns", "v4", "172.30.0.40", nodePort(30040)), nil)
-			w.add(svc("ns", "v4udp", "172.30.0.41", nodePort(30041), protocol(v1.ProtocolUDP, 53)), nil)
-			w.add(svc("ns", "v6", "fd00:172:30::40", nodePort(30042)), nil)
-			w.add(svc("ns", "v6udp", "fd00:172:30::41", nodePort(30043), protocol(v1.ProtocolUDP, 53)), nil)
-			w.add(svc("ns", "dual", "172.30.0.42", nodePort(30044), func(s *v1.Service) {
-				policy := v1.IPFamilyPolicyRequireDualStack
-				s.Spec.IPFamilyPolicy = &policy
-				s.Spec.ClusterIPs = []string{"172.30.0.42", "fd00:172:30::42"}
-				s.Spec.IPFamilies = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
-			}), nil)
-			node := model.NodeInfo{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr(kNodeIP), netip.MustParseAddr(nodeIPv6)}}
+			w.add(fixture.APIService("ns/v4", "p80", model.TCP, "172.30.0.40", 80).NodePort(30040).Build())
+			w.add(fixture.APIService("ns/v4udp", "p80", model.UDP, "172.30.0.41", 53).NodePort(30041).Build())
+			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::40", 80).NodePort(30042).Build())
+			w.add(fixture.APIService("ns/v6udp", "p80", model.UDP, "fd00:172:30::41", 53).NodePort(30043).Build())
+			w.add(fixture.APIService("ns/dual", "p80", model.TCP, "172.30.0.42", 80).NodePort(30044).DualStack("fd00:172:30::42").Build())
+			node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr(kNodeIP), netip.MustParseAddr(nodeIPv6)}}
 			states := model.Compute(w.services, w.slices, node, nil, model.Options{Families: families})
 			for _, fam := range families {
 				b, err := New(context.Background(), testConfig(fam), WithFlavour(f))

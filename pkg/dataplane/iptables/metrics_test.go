@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -39,7 +40,7 @@ func TestRuleCountAndFailureMetrics(t *testing.T) {
 	failures := value(metrics.IPTablesRestoreFailuresTotal.WithLabelValues("IPv4"))
 	partial := value(metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4"))
 	k.rejectAtCommit = func(_, _ string, r *fakeRule) bool { return strings.Contains(r.spec, "10.180.2.77") }
-	w.set(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.2.77", node: "node2"}))
+	w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.2.77:80").Build())
 	res := b.Apply(context.Background(), w.state(model.IPv4), changed("ns1/svc1"))
 	if len(res.Failed) != 1 {
 		t.Fatalf("Failed = %v", res.Failed)

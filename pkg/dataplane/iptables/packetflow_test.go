@@ -8,10 +8,9 @@ import (
 	"strconv"
 	"testing"
 
-	v1 "k8s.io/api/core/v1"
-
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -20,30 +19,21 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 // featureWorld has one Service per feature (see the conventions in helpers_test.go).
 func featureWorld() *world {
 	w := &world{}
-	tcp := v1.ProtocolTCP
-	w.add(svc("ns1", "svc1", "172.30.0.41"), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}, ep{ip: "10.180.2.1", node: "node2"}))
-	w.add(svc("ns2", "svc2", "172.30.0.42", nodePort(3002)), nil)
-	w.add(svc("ns3", "svc3", "172.30.0.43", nodePort(3003)), slice("ns3", "svc3", 80, tcp, ep{ip: "10.180.2.3", node: "node2"}))
-	w.add(svc("ns4", "svc4", "172.30.0.44", loadBalancer(3004, "5.6.7.8"), etpLocal(30004)),
-		slice("ns4", "svc4", 80, tcp, ep{ip: "10.180.1.4", node: "node1"}, ep{ip: "10.180.2.4", node: "node2"}))
-	w.add(svc("ns5", "svc5", "172.30.0.45", loadBalancer(3005, "5.6.7.9"), etpLocal(30005)),
-		slice("ns5", "svc5", 80, tcp, ep{ip: "10.180.2.5", node: "node2"}))
-	w.add(svc("ns6", "svc6", "172.30.0.46", loadBalancer(3006, "5.6.7.10"), sourceRanges("203.0.113.0/25")),
-		slice("ns6", "svc6", 80, tcp, ep{ip: "10.180.2.6", node: "node2"}))
-	w.add(svc("ns6", "svc6b", "172.30.0.47", loadBalancer(3007, "5.6.7.11"), sourceRanges("192.168.0.0/24")),
-		slice("ns6", "svc6b", 80, tcp, ep{ip: "10.180.2.7", node: "node2"}))
-	w.add(svc("ns7", "svc7", "172.30.0.48", externalIPs("192.168.99.7")), slice("ns7", "svc7", 80, tcp, ep{ip: "10.180.2.8", node: "node2"}))
-	w.add(svc("ns8", "svc8", "172.30.0.49", itpLocal),
-		slice("ns8", "svc8", 80, tcp, ep{ip: "10.180.1.9", node: "node1"}, ep{ip: "10.180.2.9", node: "node2"}))
-	w.add(svc("ns9", "svc9", "172.30.0.50", itpLocal), slice("ns9", "svc9", 80, tcp, ep{ip: "10.180.2.10", node: "node2"}))
-	w.add(svc("ns10", "svc10", "172.30.0.51", affinity(10800)),
-		slice("ns10", "svc10", 80, tcp, ep{ip: "10.180.1.11", node: "node1"}, ep{ip: "10.180.2.11", node: "node2"}))
-	w.add(svc("ns11", "dns", "172.30.0.53", protocol(v1.ProtocolUDP, 53)), slice("ns11", "dns", 53, v1.ProtocolUDP, ep{ip: "10.180.2.53", node: "node2"}))
-	w.add(svc("ns12", "sctp", "172.30.0.54", protocol(v1.ProtocolSCTP, 7777)), slice("ns12", "sctp", 7777, v1.ProtocolSCTP, ep{ip: "10.180.2.54", node: "node2"}))
-	w.add(svc("ns13", "draining", "172.30.0.55"),
-		slice("ns13", "draining", 80, tcp, ep{ip: "10.180.2.55", node: "node2", terminating: true}, ep{ip: "10.180.2.56", node: "node2", notReady: true}))
-	w.add(svc("ns14", "extlocal-nodeport", "172.30.0.56", nodePort(3014), etpLocal(0)),
-		slice("ns14", "extlocal-nodeport", 80, tcp, ep{ip: "10.180.2.57", node: "node2"}))
+	w.add(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.1.1:80@local", "10.180.2.1:80").Build())
+	w.add(fixture.APIService("ns2/svc2", "p80", model.TCP, "172.30.0.42", 80).NodePort(3002).Build())
+	w.add(fixture.APIService("ns3/svc3", "p80", model.TCP, "172.30.0.43", 80).NodePort(3003).Endpoints("10.180.2.3:80").Build())
+	w.add(fixture.APIService("ns4/svc4", "p80", model.TCP, "172.30.0.44", 80).NodePort(3004).LoadBalancer("5.6.7.8").ExternalLocal().HealthCheckNodePort(30004).Endpoints("10.180.1.4:80@local", "10.180.2.4:80").Build())
+	w.add(fixture.APIService("ns5/svc5", "p80", model.TCP, "172.30.0.45", 80).NodePort(3005).LoadBalancer("5.6.7.9").ExternalLocal().HealthCheckNodePort(30005).Endpoints("10.180.2.5:80").Build())
+	w.add(fixture.APIService("ns6/svc6", "p80", model.TCP, "172.30.0.46", 80).NodePort(3006).LoadBalancer("5.6.7.10").SourceRanges("203.0.113.0/25").Endpoints("10.180.2.6:80").Build())
+	w.add(fixture.APIService("ns6/svc6b", "p80", model.TCP, "172.30.0.47", 80).NodePort(3007).LoadBalancer("5.6.7.11").SourceRanges("192.168.0.0/24").Endpoints("10.180.2.7:80").Build())
+	w.add(fixture.APIService("ns7/svc7", "p80", model.TCP, "172.30.0.48", 80).ExternalIPs("192.168.99.7").Endpoints("10.180.2.8:80").Build())
+	w.add(fixture.APIService("ns8/svc8", "p80", model.TCP, "172.30.0.49", 80).InternalLocal().Endpoints("10.180.1.9:80@local", "10.180.2.9:80").Build())
+	w.add(fixture.APIService("ns9/svc9", "p80", model.TCP, "172.30.0.50", 80).InternalLocal().Endpoints("10.180.2.10:80").Build())
+	w.add(fixture.APIService("ns10/svc10", "p80", model.TCP, "172.30.0.51", 80).Affinity(10800).Endpoints("10.180.1.11:80@local", "10.180.2.11:80").Build())
+	w.add(fixture.APIService("ns11/dns", "p80", model.UDP, "172.30.0.53", 53).Endpoints("10.180.2.53:53").Build())
+	w.add(fixture.APIService("ns12/sctp", "p80", model.SCTP, "172.30.0.54", 7777).Endpoints("10.180.2.54:7777").Build())
+	w.add(fixture.APIService("ns13/draining", "p80", model.TCP, "172.30.0.55", 80).Endpoints("10.180.2.55:80@terminating", "10.180.2.56:80@notready").Build())
+	w.add(fixture.APIService("ns14/extlocal-nodeport", "p80", model.TCP, "172.30.0.56", 80).NodePort(3014).ExternalLocal().Endpoints("10.180.2.57:80").Build())
 	return w
 }
 
@@ -135,9 +125,8 @@ func TestPacketFlowIPv4(t *testing.T) {
 
 func TestPacketFlowIPv6(t *testing.T) {
 	w := &world{}
-	tcp := v1.ProtocolTCP
-	w.add(svc("ns1", "svc1", "fd00:172:30::41", nodePort(3001)), slice("ns1", "svc1", 80, tcp, ep{ip: "fd00:10::1", node: "node1"}, ep{ip: "fd00:10:2::1", node: "node2"}))
-	w.add(svc("ns2", "svc2", "fd00:172:30::42"), nil)
+	w.add(fixture.APIService("ns1/svc1", "p80", model.TCP, "fd00:172:30::41", 80).NodePort(3001).Endpoints("[fd00:10::1]:80@local", "[fd00:10:2::1]:80").Build())
+	w.add(fixture.APIService("ns2/svc2", "p80", model.TCP, "fd00:172:30::42", 80).Build())
 	b, k, _ := newTestBackend(t, testConfig(model.IPv6), FlavourNFT)
 	mustApply(t, b, w.state(model.IPv6), full())
 	assertConsistent(t, k)
@@ -158,10 +147,8 @@ func TestPacketFlowIPv6(t *testing.T) {
 
 func TestPacketFlowOptions(t *testing.T) {
 	w := &world{}
-	tcp := v1.ProtocolTCP
-	w.add(svc("ns1", "svc1", "172.30.0.41", nodePort(3001)), slice("ns1", "svc1", 80, tcp, ep{ip: "10.180.1.1", node: "node1"}))
-	w.add(svc("ns2", "svc2", "172.30.0.42", loadBalancer(3002, "5.6.7.8"), etpLocal(30002)),
-		slice("ns2", "svc2", 80, tcp, ep{ip: "10.180.1.2", node: "node1"}, ep{ip: "10.180.2.2", node: "node2"}))
+	w.add(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).NodePort(3001).Endpoints("10.180.1.1:80@local").Build())
+	w.add(fixture.APIService("ns2/svc2", "p80", model.TCP, "172.30.0.42", 80).NodePort(3002).LoadBalancer("5.6.7.8").ExternalLocal().HealthCheckNodePort(30002).Endpoints("10.180.1.2:80@local", "10.180.2.2:80").Build())
 	pod := packet{src: podHere, dst: a("172.30.0.41"), dport: 80, iif: "veth1"}
 
 	for _, tc := range []struct {
