@@ -41,7 +41,6 @@ type Backend struct {
 	deleteChainsNow bool
 	localAddrs      func() ([]netip.Addr, error)
 	now             func() time.Time
-	skipValidation  bool
 
 	// recordPlan keeps the last plan whole, for tests and debugging (it costs the
 	// memory streaming saves).
@@ -62,13 +61,12 @@ var _ dataplane.Backend = (*Backend)(nil)
 type Option func(*options)
 
 type options struct {
-	skipLeftovers  bool
-	limits         batchLimits
-	localAddrs     func() ([]netip.Addr, error)
-	now            func() time.Time
-	skipValidation bool
-	fault          func(types.NamespacedName, []*model.ServicePort) faultKind
-	recordPlan     bool
+	skipLeftovers bool
+	limits        batchLimits
+	localAddrs    func() ([]netip.Addr, error)
+	now           func() time.Time
+	fault         func(types.NamespacedName, []*model.ServicePort) faultKind
+	recordPlan    bool
 }
 
 // WithoutLeftoverCleanup skips removing other modes' leftovers (leftovers.RemoveOtherModes)
@@ -143,7 +141,6 @@ func New(ctx context.Context, cfg dataplane.Config, opts ...Option) (*Backend, e
 		deleteChainsNow: kv.AtLeast(6, 2),
 		localAddrs:      o.localAddrs,
 		now:             o.now,
-		skipValidation:  o.skipValidation,
 		recordPlan:      o.recordPlan,
 	}
 	// The other modes' rules keep forwarding until this table carries the Services:
@@ -252,7 +249,6 @@ func (b *Backend) planInput(desired *model.NodeState, changes model.Changes, ful
 		changed:         changes.Services,
 		deleteChainsNow: b.deleteChainsNow,
 		now:             start,
-		skipValidation:  b.skipValidation,
 		state:           b.state,
 	}
 	if ips := desired.Node.IPsOf(b.cfg.Family); len(ips) > 0 {

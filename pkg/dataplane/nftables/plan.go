@@ -40,9 +40,6 @@ type planInput struct {
 	// (kernel 6.2 and later); otherwise they are flushed and deleted a second later.
 	deleteChainsNow bool
 	now             time.Time
-	// skipValidation is for tests that must get a bad Service past the planner to the
-	// kernel.
-	skipValidation bool
 }
 
 // plan computes the changes that make the kernel match in.desired.

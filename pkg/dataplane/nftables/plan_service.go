@@ -15,13 +15,6 @@ func (p *planner) build(svc types.NamespacedName) (*serviceObjects, error) {
 	if len(ports) == 0 {
 		return &serviceObjects{}, nil
 	}
-	if p.in.skipValidation {
-		objs := &serviceObjects{}
-		for _, sp := range ports {
-			buildServicePort(p.in.cfg, p.in.nodeIP, sp, objs)
-		}
-		return objs, nil
-	}
 	return buildService(p.in.cfg, p.in.nodeIP, ports)
 }
 
