@@ -67,6 +67,10 @@ type Watcher struct {
 	slices   cache.SharedIndexInformer
 	cidrs    cache.SharedIndexInformer
 	node     cache.SharedIndexInformer
+
+	// logger is the contextual logger of Start's ctx (klog's background one before Start);
+	// the informers' handlers log through it.
+	logger klog.Logger
 }
 
 // New creates the informers; AddHandlers connects them to a Sink and Start runs them.
@@ -106,6 +110,7 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration) (*W
 		slices:    sliceFactory.Discovery().V1().EndpointSlices().Informer(),
 		node:      nodeFactory.Core().V1().Nodes().Informer(),
 		cidrs:     cidrFactory.Networking().V1().ServiceCIDRs().Informer(),
+		logger:    klog.Background(),
 	}
 	if err := w.slices.AddIndexers(cache.Indexers{serviceNameIndex: indexByServiceName}); err != nil {
 		return nil, fmt.Errorf("adding EndpointSlice index: %w", err)
@@ -178,8 +183,9 @@ func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
 	return nil
 }
 
-// Start runs the informers until ctx is done.
+// Start runs the informers until ctx is done; they log through ctx's logger.
 func (w *Watcher) Start(ctx context.Context) {
+	w.logger = klog.FromContext(ctx)
 	for _, f := range w.factories {
 		f.Start(ctx.Done())
 	}
@@ -276,7 +282,7 @@ func (w *Watcher) ServiceCIDRs() []netip.Prefix {
 			if p, err := netip.ParsePrefix(c); err == nil {
 				out = append(out, p.Masked())
 			} else {
-				klog.V(2).InfoS("Ignoring invalid ServiceCIDR range", "serviceCIDR", klog.KObj(sc), "cidr", c)
+				w.logger.V(2).Info("Ignoring invalid ServiceCIDR range", "serviceCIDR", klog.KObj(sc), "cidr", c)
 			}
 		}
 	}
