@@ -54,14 +54,21 @@ type TrafficCounterReader interface {
 type ChainPath struct {
 	Chain string
 	Path  CounterPath
+	// EveryPacket: the chain's counter sees every packet of the path's connections that
+	// the backend counts (its packets and bytes are the series' Packets and Bytes), not
+	// only their first packet (whose count is NewConnections).
+	EveryPacket bool
 }
+
+// ChainCount is the counter of one counted chain as read from the kernel.
+type ChainCount struct{ Packets, Bytes uint64 }
 
 // CounterIndex maps the backend's counted chains to their series. The sync goroutine
 // updates it after each Apply, in time proportional to the Services changed; a reader
 // takes its lock only to copy or look up, never during kernel I/O.
 type CounterIndex struct {
 	mu        sync.Mutex
-	byChain   map[string]CounterSeries
+	byChain   map[string]chainSeries
 	byService map[types.NamespacedName][]string
 }
 
@@ -71,7 +78,7 @@ func (x *CounterIndex) Update(desired *model.NodeState, changes model.Changes, f
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if full || x.byChain == nil {
-		x.byChain = map[string]CounterSeries{}
+		x.byChain = map[string]chainSeries{}
 		x.byService = map[types.NamespacedName][]string{}
 		for _, sp := range desired.Services {
 			if sp.Counted {
@@ -95,7 +102,7 @@ func (x *CounterIndex) Update(desired *model.NodeState, changes model.Changes, f
 
 func (x *CounterIndex) addLocked(sp *model.ServicePort, chainsOf func(*model.ServicePort) []ChainPath) {
 	for _, cp := range chainsOf(sp) {
-		x.byChain[cp.Chain] = CounterSeries{Port: sp.Name, Path: cp.Path}
+		x.byChain[cp.Chain] = chainSeries{CounterSeries{Port: sp.Name, Path: cp.Path}, cp.EveryPacket}
 		x.byService[sp.Name.NamespacedName] = append(x.byService[sp.Name.NamespacedName], cp.Chain)
 	}
 }
@@ -118,19 +125,39 @@ func (x *CounterIndex) Chains() []string {
 	return out
 }
 
-// Resolve turns raw per-chain counts into TrafficCounts, dropping chains not (or no
-// longer) counted.
-func (x *CounterIndex) Resolve(raw map[string]TrafficCount) []TrafficCount {
+// chainSeries is what a counted chain counts.
+type chainSeries struct {
+	CounterSeries
+	everyPacket bool
+}
+
+// Resolve turns raw per-chain counts into one TrafficCount per series, dropping chains
+// not (or no longer) counted: a first-packet chain's packets are the series' new
+// connections, an every-packet chain's packets and bytes its Packets and Bytes.
+func (x *CounterIndex) Resolve(raw map[string]ChainCount) []TrafficCount {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	bySeries := make(map[CounterSeries]*TrafficCount, len(raw))
 	out := make([]TrafficCount, 0, len(raw))
 	for chain, c := range raw {
 		s, ok := x.byChain[chain]
 		if !ok {
 			continue
 		}
-		c.CounterSeries = s
-		out = append(out, c)
+		t := bySeries[s.CounterSeries]
+		if t == nil {
+			// out never grows past its capacity (a series per chain at most): t stays valid.
+			out = append(out, TrafficCount{CounterSeries: s.CounterSeries})
+			t = &out[len(out)-1]
+			bySeries[s.CounterSeries] = t
+		}
+		if s.everyPacket {
+			t.Packets += c.Packets
+			t.Bytes += c.Bytes
+			t.HasPacketsBytes = true
+		} else {
+			t.NewConnections += c.Packets
+		}
 	}
 	return out
 }

@@ -62,7 +62,7 @@ func TestCounterIndexFollowsChanges(t *testing.T) {
 	}
 	var x CounterIndex
 	x.Update(ns, model.Changes{}, true, chainsOf)
-	if got := x.Resolve(map[string]TrafficCount{"c-web": {NewConnections: 3}, "c-other": {NewConnections: 1}}); len(got) != 1 || got[0].Port != sp.Name {
+	if got := x.Resolve(map[string]ChainCount{"c-web": {Packets: 3}, "c-other": {Packets: 1}}); len(got) != 1 || got[0].Port != sp.Name {
 		t.Fatalf("Resolve = %v", got)
 	}
 	off := *sp
@@ -71,5 +71,35 @@ func TestCounterIndexFollowsChanges(t *testing.T) {
 	x.Update(ns, model.Changes{Services: sets.New(name)}, false, chainsOf)
 	if x.Len() != 0 {
 		t.Errorf("a Service no longer counted keeps %d chains", x.Len())
+	}
+}
+
+// A series counted by a first-packet chain and an every-packet chain reads as one
+// TrafficCount with new connections, packets and bytes.
+func TestCounterIndexMergesChainsOfASeries(t *testing.T) {
+	name := types.NamespacedName{Namespace: "ns", Name: "web"}
+	sp := &model.ServicePort{Name: model.ServicePortName{NamespacedName: name, Port: "http", Protocol: model.TCP}, Counted: true}
+	ns := model.NewNodeState(model.IPv4, model.NodeInfo{})
+	ns.SetService(name, []*model.ServicePort{sp}, nil)
+	var x CounterIndex
+	x.Update(ns, model.Changes{}, true, func(*model.ServicePort) []ChainPath {
+		return []ChainPath{
+			{Chain: "nat-cluster", Path: PathCluster},
+			{Chain: "nat-external", Path: PathExternal},
+			{Chain: "pkts-cluster", Path: PathCluster, EveryPacket: true},
+		}
+	})
+	got := x.Resolve(map[string]ChainCount{"nat-cluster": {Packets: 3, Bytes: 180}, "nat-external": {Packets: 2}, "pkts-cluster": {Packets: 20, Bytes: 1500}})
+	want := map[CounterPath]TrafficCount{
+		PathCluster:  {CounterSeries: CounterSeries{Port: sp.Name, Path: PathCluster}, NewConnections: 3, Packets: 20, Bytes: 1500, HasPacketsBytes: true},
+		PathExternal: {CounterSeries: CounterSeries{Port: sp.Name, Path: PathExternal}, NewConnections: 2},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Resolve = %v, want %v", got, want)
+	}
+	for _, c := range got {
+		if c != want[c.Path] {
+			t.Errorf("Resolve %s = %+v, want %+v", c.Path, c, want[c.Path])
+		}
 	}
 }

@@ -37,9 +37,9 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]dataplane.TrafficCount, len(raw))
+	out := make(map[string]dataplane.ChainCount, len(raw))
 	for chain, c := range raw {
-		out[chain] = dataplane.TrafficCount{NewConnections: c.packets}
+		out[chain] = dataplane.ChainCount{Packets: c.packets, Bytes: c.bytes}
 	}
 	return b.counters.Resolve(out), nil
 }

@@ -51,6 +51,8 @@ type Backend struct {
 	// netlink socket ReadTrafficCounters uses, so that a read never waits for an Apply.
 	counters dataplane.CounterIndex
 	rc       *conn
+	// countingPackets: the last full sync planned the packet counters' fixed part.
+	countingPackets bool
 	// fault is withFault's function (tests).
 	fault func(types.NamespacedName, []*model.ServicePort) faultKind
 }
@@ -198,6 +200,12 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if reason == "" && b.state == nil {
 		reason = fullsync.ReasonFirst
 	}
+	cfg := b.layout(desired)
+	if reason == "" && cfg.countPackets != b.countingPackets {
+		// The packet counter maps and rules are part of the fixed table, which only a
+		// full sync plans.
+		reason = reasonPacketCounters
+	}
 	full := reason != ""
 	before := b.c.stats
 	b.stats = ApplyStats{Full: full, Reason: reason}
@@ -205,7 +213,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	if b.fault != nil {
 		b.app.fault = func(name types.NamespacedName) faultKind { return b.fault(name, desired.PortsOf(name)) }
 	}
-	in := b.planInput(desired, changes, full, start)
+	in := b.planInput(cfg, desired, changes, full, start)
 	if full {
 		if err := b.readForFull(in); err != nil {
 			metrics.NFTablesSyncFailuresTotal.WithLabelValues(b.cfg.Family.String()).Inc()
@@ -230,6 +238,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	}
 
 	out := b.settle(p, res, full, start)
+	if full {
+		b.countingPackets = cfg.countPackets
+	}
 	b.counters.Update(desired, changes, full, countedChains)
 	if out.Err == nil && b.sync.LeftoversDue() {
 		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeNFTables, b.cfg.Family, nil)
@@ -241,9 +252,9 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 }
 
 // planInput gathers what the planner needs besides the kernel's state.
-func (b *Backend) planInput(desired *model.NodeState, changes model.Changes, full bool, start time.Time) *planInput {
+func (b *Backend) planInput(cfg *layoutConfig, desired *model.NodeState, changes model.Changes, full bool, start time.Time) *planInput {
 	in := &planInput{
-		cfg:             b.layout(desired),
+		cfg:             cfg,
 		desired:         desired,
 		full:            full,
 		changed:         changes.Services,
@@ -380,5 +391,20 @@ func (b *Backend) layout(desired *model.NodeState) *layoutConfig {
 		nodePortMatchAll: b.cfg.NodePortAddresses.MatchAll,
 		nodePortCIDRs:    b.cfg.NodePortAddresses.CIDRs,
 		serviceCIDRs:     desired.ServiceCIDRs,
+		countPackets:     anyCounted(desired),
 	}
+}
+
+// reasonPacketCounters is the full sync that adds or removes the packet counters' fixed
+// part, when the first Service port becomes Counted or the last one stops being so.
+const reasonPacketCounters = "packet counters switched"
+
+// anyCounted reports whether some Service port of desired is Counted.
+func anyCounted(desired *model.NodeState) bool {
+	for _, sp := range desired.Services {
+		if sp.Counted {
+			return true
+		}
+	}
+	return false
 }

@@ -25,19 +25,18 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	raw := make(map[string]dataplane.TrafficCount, n)
+	raw := make(map[string]dataplane.ChainCount, n)
+	seen := make(map[string]bool, n)
 	fn := func(chain string, r rawRule) {
-		if _, seen := raw[chain]; seen {
+		if seen[chain] {
 			return // the counter is the chain's first rule
 		}
-		if pkts, bytes, ok := leadingCounter(r.exprs); ok {
-			// A nat chain sees a connection's first packet only: its packets are the
-			// path's new connections, its bytes those of the first packets (not exported).
-			_ = bytes
-			raw[chain] = dataplane.TrafficCount{NewConnections: pkts}
-		} else {
-			raw[chain] = dataplane.TrafficCount{} // marks the chain seen; not counted
-		}
+		seen[chain] = true
+		// A path chain (nat) sees a connection's first packet only: the index takes its
+		// packets for new connections; a packet counter chain sees every packet.
+		// A chain without a leading counter is there, and counts nothing.
+		pkts, bytes, _ := leadingCounter(r.exprs)
+		raw[chain] = dataplane.ChainCount{Packets: pkts, Bytes: bytes}
 	}
 	fam := byte(b.f.nf)
 	if n <= perChainDumpMax {

@@ -65,6 +65,9 @@ type layoutConfig struct {
 	// nodePortCIDRs select the local addresses that go in @nodeport-ips otherwise.
 	nodePortCIDRs []netip.Prefix
 	serviceCIDRs  []netip.Prefix
+	// countPackets: some Service port is Counted; the packet counter maps and the rules
+	// that look them up exist only then (README, "Traffic counters").
+	countPackets bool
 }
 
 // The base chains: upstream's hooks and priorities. The filter chains that must see the
@@ -137,6 +140,11 @@ func staticSets(c *layoutConfig) []setDef {
 		sets = append(sets, setDef{name: nodePortIPsSet, keyType: f.addrType, keyLen: uint32(f.addrLn),
 			comment: "IPs that accept NodePort traffic"})
 	}
+	if c.countPackets {
+		sets = append(sets,
+			vmap(packetCountersMap, addrProtoPort, addrProtoPortLen, "packet counters of counted Service IPs"),
+			vmap(packetCountersNodePortMap, protoPort, 8, "packet counters of counted NodePorts"))
+	}
 	return sets
 }
 
@@ -151,6 +159,14 @@ func staticChains(c *layoutConfig) []chainDef {
 			r.terms = []term{ctStateNew{}, jumpTo(j.to)}
 		}
 		rulesOf[j.from] = append(rulesOf[j.from], r)
+	}
+	if c.countPackets {
+		// Before DNAT every packet a client sends still has the Service's address and
+		// port: these lookups count the original direction of each connection (README,
+		// "Traffic counters"). After the firewall check, so dropped packets do not count.
+		for _, chain := range []string{filterPreroutingPreDNATChain, filterOutputPreDNATChain} {
+			rulesOf[chain] = append(rulesOf[chain], packetCounterRules(c)...)
+		}
 	}
 	for _, bc := range baseChains {
 		spec := bc.spec
@@ -215,6 +231,20 @@ func staticChains(c *layoutConfig) []chainDef {
 			rules: rejectRules("")},
 	)
 	return out
+}
+
+// packetCounterRules look a packet up in the packet counter maps, NodePorts on the
+// addresses the services chain takes them on. The verdicts are "goto": a packet counts
+// once, and the base chain ends with it.
+func packetCounterRules(c *layoutConfig) []rule {
+	nodePorts := []term{fibLocal{daddr}, addrMatch{dir: daddr, neg: true, prefixes: []netip.Prefix{c.f.loopback}}}
+	if !c.nodePortMatchAll {
+		nodePorts = []term{addrInSet{dir: daddr, set: nodePortIPsSet}}
+	}
+	return []rule{
+		{terms: []term{addrProtoPortLookup{set: packetCountersMap, vmap: true}}},
+		{terms: append(nodePorts, protoPortLookup{set: packetCountersNodePortMap, vmap: true})},
+	}
 }
 
 // localMatch returns the term matching traffic from this node's pods (neg: traffic not

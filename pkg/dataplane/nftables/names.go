@@ -66,6 +66,12 @@ const (
 	masqueradingChain     = "masquerading"
 	hairpinConnectionsSet = "hairpin-connections"
 
+	// Packet counters (sluice's, only while a Service is counted): verdict maps keyed
+	// like service-ips and service-nodeports, whose elements go to a counted port's
+	// packet counter chain (README, "Traffic counters").
+	packetCountersMap         = "packet-counters"
+	packetCountersNodePortMap = "packet-counters-nodeports"
+
 	// endpointMapPrefix names the endpoint maps (sluice's, not upstream's): see
 	// endpointRules.
 	endpointMapPrefix = "endpoints-"
@@ -107,6 +113,10 @@ const (
 	firewallChainPrefix      = "firewall-"
 	endpointChainPrefix      = "endpoint-"
 	affinitySetPrefix        = "affinity-"
+	// The packet counter chains of a counted port (sluice's), one per path.
+	countClusterChainPrefix  = "count-cluster-"
+	countLocalChainPrefix    = "count-local-"
+	countExternalChainPrefix = "count-external-"
 )
 
 const (

@@ -38,6 +38,10 @@ func newFakeKernel(cfg dataplane.Config) *fakeKernel {
 
 func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 	k.cfg.serviceCIDRs = ns.ServiceCIDRs
+	if counting := anyCounted(ns); counting != k.cfg.countPackets {
+		// As the backend: the packet counters' fixed part comes with a full plan.
+		k.cfg.countPackets, ch.Full = counting, true
+	}
 	if ch.Full {
 		// A full plan starts from a read of the kernel, which has the endpoint map
 		// elements the model keeps only in the records.

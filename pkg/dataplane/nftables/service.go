@@ -119,6 +119,7 @@ func buildServicePort(c *layoutConfig, nodeIP netip.Addr, sp *model.ServicePort,
 	b.firewallChain(nodeIP)
 	b.affinityChains()
 	b.endpointChains()
+	b.packetCounters()
 }
 
 // portBuild is what the phases of buildServicePort share about one Service port.
@@ -331,6 +332,44 @@ func counted(sp *model.ServicePort, rules []rule) []rule {
 	return append([]rule{{terms: []term{counterTerm{}}}}, rules...)
 }
 
+// packetCounters: a Counted port's packet counter chains, one counter each, and the
+// elements of the packet counter maps that lead to them. A connection's packets count on
+// one path, by the address the client sent them to: the ClusterIP on the path its
+// internal policy picks, an external IP, LoadBalancer IP or NodePort on "external"
+// (README, "Traffic counters").
+func (b *portBuild) packetCounters() {
+	sp := b.sp
+	if !sp.Counted {
+		return
+	}
+	internal, external := packetChains(sp)
+	counter := []rule{{terms: []term{counterTerm{}}}}
+	b.out.chains = append(b.out.chains, chainDef{name: internal.Chain, rules: counter})
+	b.add(packetCountersMap, b.ipKey(sp.ClusterIP), "goto "+internal.Chain, false)
+	if !sp.ExternallyAccessible() {
+		return
+	}
+	b.out.chains = append(b.out.chains, chainDef{name: external.Chain, rules: counter})
+	for _, a := range slices.Concat(sp.ExternalIPs, sp.LoadBalancerVIPs) {
+		b.add(packetCountersMap, b.ipKey(a), "goto "+external.Chain, false)
+	}
+	if sp.NodePort != 0 {
+		b.add(packetCountersNodePortMap, keyProtoPort(b.proto, uint16(sp.NodePort)), "goto "+external.Chain, false)
+	}
+}
+
+// packetChains returns a Counted port's packet counter chains: the ClusterIP's (path
+// cluster, or local under internalTrafficPolicy Local) and the external addresses'.
+func packetChains(sp *model.ServicePort) (internal, external dataplane.ChainPath) {
+	base := servicePortNameBase(sp.Name)
+	internal = dataplane.ChainPath{Chain: countClusterChainPrefix + base, Path: dataplane.PathCluster, EveryPacket: true}
+	if sp.InternalPolicyLocal {
+		internal = dataplane.ChainPath{Chain: countLocalChainPrefix + base, Path: dataplane.PathLocal, EveryPacket: true}
+	}
+	external = dataplane.ChainPath{Chain: countExternalChainPrefix + base, Path: dataplane.PathExternal, EveryPacket: true}
+	return internal, external
+}
+
 // countedChains returns the chains of a Counted port that carry a counter, and their paths.
 func countedChains(sp *model.ServicePort) []dataplane.ChainPath {
 	names := chainNamesFor(sp.Name)
@@ -341,8 +380,10 @@ func countedChains(sp *model.ServicePort) []dataplane.ChainPath {
 	if sp.UsesLocalEndpoints() {
 		out = append(out, dataplane.ChainPath{Chain: names.local, Path: dataplane.PathLocal})
 	}
+	internal, external := packetChains(sp)
+	out = append(out, internal)
 	if sp.ExternallyAccessible() {
-		out = append(out, dataplane.ChainPath{Chain: names.external, Path: dataplane.PathExternal})
+		out = append(out, dataplane.ChainPath{Chain: names.external, Path: dataplane.PathExternal}, external)
 	}
 	return out
 }
@@ -483,9 +524,9 @@ func renderKey(f *family, set, key string) string {
 		return addr(0)
 	case hairpinConnectionsSet:
 		return addr(0) + " . " + addr(f.addrLn) + " . " + protoPort(2*f.addrLn)
-	case serviceIPsMap, firewallIPsMap, noEndpointServicesMap, rejectServicesSet:
+	case serviceIPsMap, firewallIPsMap, noEndpointServicesMap, rejectServicesSet, packetCountersMap:
 		return addr(0) + " . " + protoPort(f.addrLn)
-	case serviceNodePortsMap, noEndpointNodePortsMap, rejectNodePortsSet:
+	case serviceNodePortsMap, noEndpointNodePortsMap, rejectNodePortsSet, packetCountersNodePortMap:
 		return protoPort(0)
 	}
 	if isEndpointMap(set) {
