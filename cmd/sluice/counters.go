@@ -12,16 +12,51 @@ import (
 	"github.com/prometheus/common/expfmt"
 	prommodel "github.com/prometheus/common/model"
 
+	"github.com/sluiceproxy/sluice/pkg/explain"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
 // trafficCounterRow is one Service port and path's traffic counters, as the daemon
-// exports them on /metrics (sluice_service_*_total).
+// exports them on /metrics (sluice_service_*_total), both families added.
 type trafficCounterRow struct {
-	Port, Protocol, Path string
-	NewConnections       float64
-	Packets, Bytes       float64
-	HasPacketsBytes      bool
+	Port           string  `json:"port"`
+	Protocol       string  `json:"protocol"`
+	Path           string  `json:"path"`
+	NewConnections float64 `json:"newConnections"`
+	// Packets and Bytes are absent where the mode does not count them.
+	Packets *float64 `json:"packets,omitempty"`
+	Bytes   *float64 `json:"bytes,omitempty"`
+}
+
+// trafficCounters is the counters part of `sluice explain NAMESPACE/NAME`, text and JSON.
+type trafficCounters struct {
+	// Counted: some port of the Service is counted (annotation or --traffic-counters).
+	Counted bool                `json:"counted"`
+	Rows    []trafficCounterRow `json:"ports,omitempty"`
+	// Error is why the daemon's counters could not be read.
+	Error string `json:"error,omitempty"`
+}
+
+// serviceWithCounters is one family's explanation of a Service in `-o json`, with the
+// Service's traffic counters (the same in each family's element: the daemon adds the
+// families).
+type serviceWithCounters struct {
+	explain.ServiceExplanation
+	TrafficCounters trafficCounters `json:"trafficCounters"`
+}
+
+// liveTrafficCounters reads the daemon's counters of one Service, when it counts them.
+func liveTrafficCounters(ctx context.Context, sf *serverFlags, states map[string]*model.StateView, namespace, name string) trafficCounters {
+	tc := trafficCounters{Counted: serviceCounted(states, namespace, name)}
+	if !tc.Counted {
+		return tc
+	}
+	rows, err := fetchTrafficCounters(ctx, sf, namespace, name)
+	if err != nil {
+		tc.Error = err.Error()
+	}
+	tc.Rows = rows
+	return tc
 }
 
 // The metrics `sluice explain NAMESPACE/NAME` shows.
@@ -63,9 +98,9 @@ func parseTrafficCounters(body []byte, namespace, name string) ([]trafficCounter
 			case metricNewConnections:
 				r.NewConnections = v
 			case metricPackets:
-				r.Packets, r.HasPacketsBytes = v, true
+				r.Packets = &v
 			case metricBytes:
-				r.Bytes, r.HasPacketsBytes = v, true
+				r.Bytes = &v
 			}
 		}
 	}
@@ -101,26 +136,29 @@ func fetchTrafficCounters(ctx context.Context, sf *serverFlags, namespace, name 
 }
 
 // writeTrafficCounters prints the counters section of `sluice explain NAMESPACE/NAME`.
-func writeTrafficCounters(w io.Writer, counted bool, rows []trafficCounterRow, readErr error) error {
+func writeTrafficCounters(w io.Writer, tc trafficCounters) error {
 	fmt.Fprintln(w)
 	switch {
-	case !counted:
+	case !tc.Counted:
 		_, err := fmt.Fprintln(w, `Traffic counters: off (annotate the Service `+model.AnnotationTrafficCounters+`: "true", or run sluice with --traffic-counters=all)`)
 		return err
-	case readErr != nil:
-		_, err := fmt.Fprintf(w, "Traffic counters: on, not read: %v\n", readErr)
+	case tc.Error != "":
+		_, err := fmt.Fprintf(w, "Traffic counters: on, not read: %s\n", tc.Error)
 		return err
-	case len(rows) == 0:
+	case len(tc.Rows) == 0:
 		_, err := fmt.Fprintln(w, "Traffic counters: on, nothing counted yet (the mode's rules may not be written yet)")
 		return err
 	}
-	fmt.Fprintln(w, "Traffic counters (new connections per path since the rules were first written):")
+	fmt.Fprintln(w, "Traffic counters (per path since the rules were first written; packets and bytes sent by clients):")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  PORT\tPROTOCOL\tPATH\tNEW CONNECTIONS\tPACKETS\tBYTES")
-	for _, r := range rows {
+	for _, r := range tc.Rows {
 		pkts, bytes := "-", "-"
-		if r.HasPacketsBytes {
-			pkts, bytes = fmt.Sprintf("%.0f", r.Packets), fmt.Sprintf("%.0f", r.Bytes)
+		if r.Packets != nil {
+			pkts = fmt.Sprintf("%.0f", *r.Packets)
+		}
+		if r.Bytes != nil {
+			bytes = fmt.Sprintf("%.0f", *r.Bytes)
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.0f\t%s\t%s\n", r.Port, r.Protocol, r.Path, r.NewConnections, pkts, bytes)
 	}

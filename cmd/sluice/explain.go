@@ -165,7 +165,15 @@ func runExplain(ctx context.Context, stdout io.Writer, f *explainFlags, args []s
 		return fmt.Errorf("Service %s/%s has no port in sluice's state on %s (it does not exist, is headless or ExternalName, or is not for this proxy)", namespace, name, src.node)
 	}
 	if f.output == "json" {
-		return writeJSON(stdout, found)
+		if len(f.files) > 0 {
+			return writeJSON(stdout, found) // offline: no kernel to read counters from
+		}
+		tc := liveTrafficCounters(ctx, &f.server, src.states, namespace, name)
+		out := make([]serviceWithCounters, len(found))
+		for i := range found {
+			out[i] = serviceWithCounters{ServiceExplanation: found[i], TrafficCounters: tc}
+		}
+		return writeJSON(stdout, out)
 	}
 	for i := range found {
 		if i > 0 {
@@ -179,13 +187,8 @@ func runExplain(ctx context.Context, stdout io.Writer, f *explainFlags, args []s
 		return nil // offline: no kernel to read counters from
 	}
 	// Live: the counters the daemon exports for this Service (issue 13).
-	counted := serviceCounted(src.states, namespace, name)
-	var rows []trafficCounterRow
-	var readErr error
-	if counted {
-		rows, readErr = fetchTrafficCounters(ctx, &f.server, namespace, name)
-	}
-	return writeTrafficCounters(stdout, counted, rows, readErr)
+	tc := liveTrafficCounters(ctx, &f.server, src.states, namespace, name)
+	return writeTrafficCounters(stdout, tc)
 }
 
 // parsePacket reads "SRC" and "DST:PORT[/PROTO]".
