@@ -31,10 +31,10 @@ var (
 		"New connections per Service port and path (cluster, external, local), for Services whose traffic is counted (annotation sluice.dev/traffic-counters, --traffic-counters).",
 		counterLabels, nil)
 	packetsDesc = prometheus.NewDesc("sluice_service_packets_total",
-		"Packets per Service port and path, for Services whose traffic is counted, where the mode counts packets (see the mode's README).",
+		"Packets clients sent to a Service port (original direction), per path, for Services whose traffic is counted, where the mode counts packets (nftables; see its README).",
 		counterLabels, nil)
 	bytesDesc = prometheus.NewDesc("sluice_service_bytes_total",
-		"Bytes per Service port and path, for Services whose traffic is counted, where the mode counts bytes (see the mode's README).",
+		"Bytes (IP header included) clients sent to a Service port (original direction), per path, for Services whose traffic is counted, where the mode counts them (nftables; see its README).",
 		counterLabels, nil)
 	counterLabels = []string{"namespace", "service", "port", "protocol", "path"}
 )
