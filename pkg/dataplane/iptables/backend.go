@@ -47,6 +47,9 @@ type Backend struct {
 	// counters maps the counted Services' path chains to their series (for
 	// ReadTrafficCounters, from any goroutine).
 	counters dataplane.CounterIndex
+	// restarts folds kernel counters that restarted from zero back into their counts
+	// (counters.go, "restartFold").
+	restarts restartFold
 	sysctl   hostnet.Sysctls
 
 	tcpLiberal bool

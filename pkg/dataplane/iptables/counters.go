@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
@@ -33,10 +34,12 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), counterReadTimeout)
 	defer cancel()
-	raw, err := b.readCounterRules(ctx, b.counters.Chains())
+	chains := b.counters.Chains()
+	raw, err := b.readCounterRules(ctx, chains)
 	if err != nil {
 		return nil, err
 	}
+	raw = b.restarts.fold(raw, chains, false)
 	out := make(map[string]dataplane.ChainCount, len(raw))
 	for chain, c := range raw {
 		out[chain] = dataplane.ChainCount{Packets: c.packets, Bytes: c.bytes}
@@ -46,6 +49,60 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 
 // ruleCount is a rule's counters.
 type ruleCount struct{ packets, bytes uint64 }
+
+// restartFold keeps the counts of counter rules monotonic when the kernel restarts them
+// from zero although the backend carried them: ip6tables-nft-restore 1.8.9 (Debian 12)
+// ignores "[packets:bytes]" and "-c" for IPv6 rules, so every rewrite of a counted chain
+// would restart its counter in that flavour and family. Every read goes through fold,
+// the one just before a rewrite included (carryCounts), so only what was counted between
+// that read and the restore is lost, as with a carry that works. Where the carry works a
+// value never goes down and the fold adds nothing.
+type restartFold struct {
+	mu sync.Mutex
+	// last is the kernel's value at the last read; base what restarts took away.
+	last, base map[string]ruleCount
+}
+
+// fold returns raw plus what earlier restarts took from each chain. keep, when not nil,
+// is the full list of counted chains: the others are forgotten. carried says the result
+// is about to be written to the kernel: the kernel then holds it all, or (a restore that
+// ignores it) restarts from zero, which the next read folds in.
+func (f *restartFold) fold(raw map[string]ruleCount, keep []string, carried bool) map[string]ruleCount {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.last == nil {
+		f.last, f.base = map[string]ruleCount{}, map[string]ruleCount{}
+	}
+	if keep != nil {
+		counted := make(map[string]bool, len(keep))
+		for _, c := range keep {
+			counted[c] = true
+		}
+		for c := range f.last {
+			if !counted[c] {
+				delete(f.last, c)
+				delete(f.base, c)
+			}
+		}
+	}
+	out := make(map[string]ruleCount, len(raw))
+	for chain, cur := range raw {
+		last, seen := f.last[chain]
+		base := f.base[chain]
+		if seen && (cur.packets < last.packets || cur.bytes < last.bytes) {
+			base.packets += last.packets
+			base.bytes += last.bytes
+			f.base[chain] = base
+		}
+		total := ruleCount{packets: base.packets + cur.packets, bytes: base.bytes + cur.bytes}
+		f.last[chain] = cur
+		if carried {
+			f.last[chain], f.base[chain] = total, ruleCount{}
+		}
+		out[chain] = total
+	}
+	return out
+}
 
 // readCounterRules returns the counter rule's counts of those of chains that are in the
 // kernel.
@@ -112,6 +169,10 @@ func (b *Backend) carryCounts(ctx context.Context, services []*serviceRules, rew
 		b.logger.Error(err, "Failed to read the traffic counters of the chains about to be rewritten; their counts restart")
 		return
 	}
+	// What the kernel holds now is carried (written as [packets:bytes]); the fold gets
+	// the same, for the restore that does not take it (ip6tables-nft 1.8.9). The counts
+	// it returns are those written: the kernel's plus what a restart already folded in.
+	counts = b.restarts.fold(counts, nil, true)
 	for _, s := range services {
 		for _, c := range s.natChains {
 			if n, ok := counts[c.name]; ok {

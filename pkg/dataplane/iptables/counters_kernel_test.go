@@ -80,14 +80,16 @@ func TestKernelTrafficCounters(t *testing.T) {
 	}
 }
 
-// TestKernelTrafficCountersIPv6: the same count for an IPv6 ClusterIP.
+// TestKernelTrafficCountersIPv6: the same counts for an IPv6 ClusterIP and its NodePort
+// on the node's address (the pod reaches itself through both, hairpinned), in both
+// flavours, kept through a full sync.
 func TestKernelTrafficCountersIPv6(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
 			pod := ipv6Pod(t)
 
 			w := &world{}
-			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).Endpoints("[fd00:10::2]:80@local").Build())
+			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).NodePort(30002).Endpoints("[fd00:10::2]:80@local").Build())
 			b, err := New(context.Background(), testConfig(model.IPv6), WithFlavour(f))
 			if err != nil {
 				t.Fatal(err)
@@ -95,9 +97,13 @@ func TestKernelTrafficCountersIPv6(t *testing.T) {
 			node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
 			st := model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}, TrafficCounters: model.TrafficCountersAll})[model.IPv6]
 			kApply(t, b, st, full())
-			const n = 5
+			const n, m = 5, 3
 			connectN(t, n, pod, "[fd00:172:30::10]:80")
-			countertest.Want(t, b, map[dataplane.CounterSeries]uint64{counterSeries("v6", dataplane.PathCluster): n})
+			connectN(t, m, pod, "[fd00:10::1]:30002")
+			want := map[dataplane.CounterSeries]uint64{counterSeries("v6", dataplane.PathCluster): n + m, counterSeries("v6", dataplane.PathExternal): m}
+			countertest.Want(t, b, want)
+			kApply(t, b, st, full())
+			countertest.Want(t, b, want)
 		})
 	}
 }

@@ -58,3 +58,37 @@ func TestCarriedCountsPrefixTheCounterRuleOnly(t *testing.T) {
 		t.Errorf("a chain without a counter rule got counts: %q", got)
 	}
 }
+
+// TestRestartFold: a counter the kernel restarts after a carry it ignored keeps counting
+// from the carried value; one whose carry worked is not counted twice; chains no longer
+// counted are forgotten.
+func TestRestartFold(t *testing.T) {
+	var f restartFold
+	read := func(v uint64, carried bool, keep ...string) uint64 {
+		t.Helper()
+		return f.fold(map[string]ruleCount{"c": {packets: v, bytes: 10 * v}}, keep, carried)["c"].packets
+	}
+	steps := []struct {
+		name    string
+		kernel  uint64
+		carried bool
+		want    uint64
+	}{
+		{"first read", 8, false, 8},
+		{"read before a rewrite, carried", 8, true, 8},
+		{"the restore ignored the carry: restarted", 0, false, 8},
+		{"counting on", 3, false, 11},
+		{"read before another rewrite", 4, true, 12},
+		{"this restore took the carry", 12, false, 12},
+		{"counting on", 15, false, 15},
+	}
+	for _, s := range steps {
+		if got := read(s.kernel, s.carried, "c"); got != s.want {
+			t.Fatalf("%s: kernel %d reads %d, want %d", s.name, s.kernel, got, s.want)
+		}
+	}
+	f.fold(nil, []string{"other"}, false)
+	if got := read(2, false); got != 2 {
+		t.Errorf("a chain counted again after it was not: %d, want 2 (nothing folded)", got)
+	}
+}
