@@ -206,3 +206,46 @@ func series(svcName, port string, path dataplane.CounterPath) dataplane.CounterS
 	ns, name, _ := strings.Cut(svcName, "/")
 	return dataplane.CounterSeries{Port: model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}, Port: port, Protocol: model.TCP}, Path: path}
 }
+
+// TestPacketCountersSwitchOnAndOff: the first Service counted by a partial change
+// brings the packet counters' fixed part with a full sync (the kernel takes it, and
+// counts packets), and the last one uncounted takes it away again.
+func TestPacketCountersSwitchOnAndOff(t *testing.T) {
+	f := model.IPv4
+	a := countedFixture(f)
+	resetTable(t)
+	tp := newTopology(t, f)
+	tp.addPod("pod-a", a.podA)
+	b := newTestBackend(t, testConfig(f), WithLocalAddresses(hostnet.InterfaceAddrs))
+	plain := nodeState(f, svc("t", "web", "http", model.TCP, a.web, 80).Endpoints(epStr(f, a.podA, 80, true)).Build())
+	mustApply(t, b, plain, model.Changes{Full: true})
+	mustApply(t, b, plain, changed("t/web")) // a partial sync, counting off
+
+	on := countertest.Counted(plain, "t/web")
+	mustApply(t, b, on, changed("t/web"))
+	if st := b.LastStats(); !st.Full || st.Reason != reasonPacketCounters {
+		t.Fatalf("counting the first Service: full=%v reason %q, want a full sync for %q", st.Full, st.Reason, reasonPacketCounters)
+	}
+	webAP := netip.AddrPortFrom(netip.MustParseAddr(a.web), 80)
+	if err := sendTCP(tp.client, webAP, payloadBytes); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := b.ReadTrafficCounters()
+	if err != nil || len(counts) != 1 || counts[0].Packets < 3 || counts[0].Bytes < payloadBytes {
+		t.Fatalf("after one connection: %+v, %v", counts, err)
+	}
+
+	mustApply(t, b, plain, changed("t/web"))
+	if st := b.LastStats(); !st.Full || st.Reason != reasonPacketCounters {
+		t.Fatalf("uncounting the last Service: full=%v reason %q", st.Full, st.Reason)
+	}
+	out := nftList(t, f)
+	for _, gone := range []string{packetCountersMap, countClusterChainPrefix} {
+		if strings.Contains(out, gone) {
+			t.Errorf("%s still in the table after the last counted Service:\n%s", gone, out)
+		}
+	}
+	if err := sendTCP(tp.client, webAP, payloadBytes); err != nil {
+		t.Errorf("the Service after counting stopped: %v", err)
+	}
+}
