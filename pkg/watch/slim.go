@@ -7,6 +7,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // slim drops what sluice never reads before an object enters an informer cache: the cache
@@ -17,15 +18,17 @@ import (
 // EndpointSlice is cached as a cachedSlice, which keeps only the labels that name its
 // Service, its trigger time, and of each endpoint only what endpoint selection reads (its
 // targetRef, a full object reference per endpoint, was the largest part of a slice); a
-// Service keeps only the label the model reads and loses its
-// selector and status conditions; Node status keeps only what the proxy uses. Lists are cut
+// Service keeps only its name, namespace, resourceVersion, the label and annotations the
+// model reads, and loses its selector and status conditions, and is cached as a
+// cachedService; Node status keeps only what the proxy uses. Lists are cut
 // to their length: the API decoder appends an element at a time, so a slice of 10
 // endpoints arrives with room for 16.
 //
 // The informer hands slim the object it just decoded, so changing it in place is safe.
 // A cachedSlice comes back unchanged (a store may apply the transform again).
 func slim(obj any) (any, error) {
-	if _, ok := obj.(*cachedSlice); ok {
+	switch obj.(type) {
+	case *cachedSlice, *cachedService:
 		return obj, nil // already slimmed
 	}
 	if m, err := meta.Accessor(obj); err == nil {
@@ -34,11 +37,15 @@ func slim(obj any) (any, error) {
 	}
 	switch o := obj.(type) {
 	case *v1.Service:
-		o.Annotations = keepAnnotations(o.Annotations, AnnotationScheduler)
-		o.Labels = keepLabels(o.Labels, LabelServiceProxyName)
+		o.ObjectMeta = metav1.ObjectMeta{
+			Namespace: o.Namespace, Name: o.Name, ResourceVersion: o.ResourceVersion,
+			Annotations: keepKeys(o.Annotations, AnnotationScheduler, AnnotationTrafficCounters),
+			Labels:      keepKeys(o.Labels, LabelServiceProxyName),
+		}
 		o.Spec.Selector = nil
 		o.Spec.Ports = exactLength(o.Spec.Ports)
 		o.Status.Conditions = nil
+		return compactService(o), nil
 	case *discoveryv1.EndpointSlice:
 		return compactSlice(o), nil
 	case *v1.Node:
@@ -65,8 +72,8 @@ func exactLength[T any](s []T) []T {
 	return append(make([]T, 0, len(s)), s...)
 }
 
-// keepLabels returns in reduced to the keys in keep (nil when none is there).
-func keepLabels(in map[string]string, keep ...string) map[string]string {
+// keepKeys returns labels or annotations reduced to the keys in keep (nil when none is there).
+func keepKeys(in map[string]string, keep ...string) map[string]string {
 	var out map[string]string
 	for _, k := range keep {
 		if v, ok := in[k]; ok {
@@ -77,14 +84,6 @@ func keepLabels(in map[string]string, keep ...string) map[string]string {
 		}
 	}
 	return out
-}
-
-func keepAnnotations(in map[string]string, keep string) map[string]string {
-	v, ok := in[keep]
-	if !ok {
-		return nil
-	}
-	return map[string]string{keep: v}
 }
 
 // Shared values for the pointers of cached objects. Nothing writes through a cached

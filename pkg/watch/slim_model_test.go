@@ -9,6 +9,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/sluiceproxy/sluice/pkg/model"
@@ -16,7 +17,7 @@ import (
 
 // TestSlimKeepsWhatTheModelReads: Services and EndpointSlices that use every field the model
 // reads (dual-stack, every Service type and policy, affinity, external and load-balancer
-// addresses, source ranges, the scheduler annotation, hints, every endpoint condition,
+// addresses, source ranges, the scheduler and traffic-counters annotations, hints, every endpoint condition,
 // several slices and ports) give the same NodeStates, problems included, slimmed or not; the
 // tracker's own reads (the Service a slice belongs to, its trigger time) are kept too.
 func TestSlimKeepsWhatTheModelReads(t *testing.T) {
@@ -53,7 +54,7 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 			Conditions: []metav1.Condition{{Type: "x"}},
 		},
 	}, {
-		ObjectMeta: meta("local", map[string]string{"app": "local"}, nil),
+		ObjectMeta: meta("local", map[string]string{"app": "local"}, map[string]string{AnnotationTrafficCounters: "true"}),
 		Spec: v1.ServiceSpec{
 			Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.11", ClusterIPs: []string{"10.96.0.11"},
 			Ports:                 []v1.ServicePort{{Protocol: v1.ProtocolTCP, Port: 443}},
@@ -64,9 +65,28 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 		Spec: v1.ServiceSpec{ClusterIP: "10.96.0.12", ClusterIPs: []string{"10.96.0.12"},
 			Ports: []v1.ServicePort{{Protocol: v1.ProtocolTCP, Port: 80}}},
 	}, {
-		ObjectMeta: meta("np", nil, nil),
+		ObjectMeta: meta("np", nil, map[string]string{AnnotationTrafficCounters: "false"}),
 		Spec: v1.ServiceSpec{Type: v1.ServiceTypeNodePort, ClusterIP: "10.96.0.13",
 			Ports: []v1.ServicePort{{Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30013}}},
+	}, {
+		// Services as the API server returns most of them: kept in the compact form.
+		ObjectMeta: meta("plain", map[string]string{"app": "plain"}, nil),
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeClusterIP, ClusterIP: "10.96.0.14", ClusterIPs: []string{"10.96.0.14", "fd00:96::14"},
+			IPFamilies: []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}, IPFamilyPolicy: ptr.To(v1.IPFamilyPolicyPreferDualStack),
+			InternalTrafficPolicy: ptr.To(v1.ServiceInternalTrafficPolicyCluster), SessionAffinity: v1.ServiceAffinityNone,
+			Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, TargetPort: intstr.FromString("web")},
+				{Name: "grpc", Protocol: v1.ProtocolTCP, Port: 81, AppProtocol: ptr.To("grpc"), TargetPort: intstr.FromInt32(9000)}},
+		},
+	}, {
+		ObjectMeta: meta("plain-np", nil, nil),
+		Spec: v1.ServiceSpec{
+			Type: v1.ServiceTypeNodePort, ClusterIP: "fd00:96::15", ClusterIPs: []string{"fd00:96::15"},
+			IPFamilies: []v1.IPFamily{v1.IPv6Protocol}, IPFamilyPolicy: ptr.To(v1.IPFamilyPolicySingleStack),
+			ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyLocal, HealthCheckNodePort: 32001,
+			InternalTrafficPolicy: ptr.To(v1.ServiceInternalTrafficPolicyCluster), SessionAffinity: v1.ServiceAffinityNone,
+			Ports: []v1.ServicePort{{Name: "udp", Protocol: v1.ProtocolUDP, Port: 53, NodePort: 30053}},
+		},
 	}}
 
 	endpoint := func(addr, node, zone string, ready, serving, terminating *bool, hints *discoveryv1.EndpointHints) discoveryv1.Endpoint {
@@ -129,7 +149,7 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slimServices = append(slimServices, out.(*v1.Service))
+		slimServices = append(slimServices, out.(*cachedService).service())
 	}
 	var slimSlices []*discoveryv1.EndpointSlice
 	for _, s := range slices {
@@ -139,7 +159,7 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 		}
 		slimSlices = append(slimSlices, out.(*cachedSlice).endpointSlice())
 	}
-	for _, opts := range []model.Options{{}, {IgnoreExternalIPs: true}} {
+	for _, opts := range []model.Options{{}, {IgnoreExternalIPs: true}, {TrafficCounters: model.TrafficCountersAll}} {
 		want := model.Compute(services, slices, node, cidrs, opts)
 		got := model.Compute(slimServices, slimSlices, node, cidrs, opts)
 		if !reflect.DeepEqual(got, want) {

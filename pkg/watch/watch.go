@@ -5,7 +5,8 @@
 //
 // The informer caches are the only copy of API objects sluice keeps. Objects are slimmed on
 // the way in (managedFields and annotations sluice does not read are dropped; an
-// EndpointSlice is kept in a compact form of its own, cachedSlice) and the tracker reads
+// EndpointSlice and a Service are kept in compact forms of their own, cachedSlice and
+// cachedService) and the tracker reads
 // the current objects back through Source at sync time.
 package watch
 
@@ -40,6 +41,8 @@ const (
 	AnnotationTriggerTime = "endpoints.kubernetes.io/last-change-trigger-time"
 	// AnnotationScheduler selects the IPVS scheduler of one Service.
 	AnnotationScheduler = "ipvs.sluice.dev/scheduler"
+	// AnnotationTrafficCounters asks the backends to count one Service's traffic.
+	AnnotationTrafficCounters = "sluice.dev/traffic-counters"
 
 	serviceNameIndex = "serviceName"
 )
@@ -123,19 +126,19 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration) (*W
 func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
 	if _, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if svc, ok := obj.(*v1.Service); ok {
+			if svc, ok := asService(obj); ok {
 				sink.OnServiceAdd(svc)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
-			old, ok1 := oldObj.(*v1.Service)
-			cur, ok2 := newObj.(*v1.Service)
+			old, ok1 := asService(oldObj)
+			cur, ok2 := asService(newObj)
 			if ok1 && ok2 {
 				sink.OnServiceUpdate(old, cur)
 			}
 		},
 		DeleteFunc: func(obj any) {
-			if svc, ok := deletedObject[*v1.Service](obj); ok {
+			if svc, ok := asService(obj); ok {
 				sink.OnServiceDelete(svc)
 			}
 		},
@@ -215,8 +218,7 @@ func (w *Watcher) Service(name types.NamespacedName) (*v1.Service, bool) {
 	if err != nil || !exists {
 		return nil, false
 	}
-	svc, ok := obj.(*v1.Service)
-	return svc, ok
+	return asService(obj)
 }
 
 // EndpointSlices returns the current EndpointSlices of the Service named name, built
@@ -240,7 +242,7 @@ func (w *Watcher) Services() []*v1.Service {
 	objs := w.services.GetStore().List()
 	out := make([]*v1.Service, 0, len(objs))
 	for _, obj := range objs {
-		if svc, ok := obj.(*v1.Service); ok {
+		if svc, ok := asService(obj); ok {
 			out = append(out, svc)
 		}
 	}

@@ -171,7 +171,7 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 			Annotations: map[string]string{AnnotationScheduler: "sh", "kubectl.kubernetes.io/last-applied-configuration": big, "other": "y"},
 		}, Spec: v1.ServiceSpec{Ports: append(make([]v1.ServicePort, 0, 4), v1.ServicePort{Port: 80})}},
 		check: func(t *testing.T, out any) {
-			svc := out.(*v1.Service)
+			svc := out.(*cachedService).service()
 			if want := map[string]string{AnnotationScheduler: "sh"}; !mapsEqual(svc.Annotations, want) {
 				t.Errorf("annotations %v, want %v", svc.Annotations, want)
 			}
@@ -189,7 +189,7 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 		name: "Service without the scheduler annotation keeps none",
 		in:   &v1.Service{ObjectMeta: metav1.ObjectMeta{Name: "b", Annotations: map[string]string{"other": big}}},
 		check: func(t *testing.T, out any) {
-			if a := out.(*v1.Service).Annotations; a != nil {
+			if a := out.(*cachedService).service().Annotations; a != nil {
 				t.Errorf("annotations %v, want nil", a)
 			}
 		},
