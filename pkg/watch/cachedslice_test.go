@@ -135,9 +135,6 @@ func TestCachedSliceIsAnObjectToTheCache(t *testing.T) {
 	if m, err := meta.Accessor(out); err != nil || m.GetResourceVersion() != "7" {
 		t.Errorf("accessor %v, %v", m, err)
 	}
-	if keys, _ := indexByServiceName(out); !reflect.DeepEqual(keys, []string{"ns/a"}) {
-		t.Errorf("index %v, want [ns/a]", keys)
-	}
 	for _, obj := range []any{out, cache.DeletedFinalStateUnknown{Key: "ns/a-1", Obj: out}, testSlice("ns", "a-1", "a")} {
 		if s, ok := asEndpointSlice(obj); !ok || s.Namespace != "ns" || s.Name != "a-1" || s.Labels[discoveryv1.LabelServiceName] != "a" {
 			t.Errorf("asEndpointSlice(%T) = %+v, %v", obj, s, ok)

@@ -43,8 +43,6 @@ const (
 	AnnotationScheduler = "ipvs.sluice.dev/scheduler"
 	// AnnotationTrafficCounters asks the backends to count one Service's traffic.
 	AnnotationTrafficCounters = "sluice.dev/traffic-counters"
-
-	serviceNameIndex = "serviceName"
 )
 
 // Sink receives changes. The model's change tracker implements it; every method must be
@@ -74,6 +72,12 @@ type Watcher struct {
 	// logger is the contextual logger of Start's ctx (klog's background one before Start);
 	// the informers' handlers log through it.
 	logger klog.Logger
+
+	// byService finds a Service's EndpointSlices; the slice handler keeps it.
+	byService sliceIndex
+	// handlersSynced say whether the Service and EndpointSlice handlers have been handed
+	// every object of the first list (nil before AddHandlers).
+	handlersSynced []cache.InformerSynced
 }
 
 // New creates the informers; AddHandlers connects them to a Sink and Start runs them.
@@ -115,16 +119,14 @@ func New(client kubernetes.Interface, nodeName string, resync time.Duration) (*W
 		cidrs:     cidrFactory.Networking().V1().ServiceCIDRs().Informer(),
 		logger:    klog.Background(),
 	}
-	if err := w.slices.AddIndexers(cache.Indexers{serviceNameIndex: indexByServiceName}); err != nil {
-		return nil, fmt.Errorf("adding EndpointSlice index: %w", err)
-	}
+	w.byService.init()
 	return w, nil
 }
 
 // AddHandlers makes the informers report every change to sink, and this node's Node
 // object to nodeSink (which may be nil). Call it before Start.
 func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
-	if _, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	svcReg, err := w.services.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if svc, ok := asService(obj); ok {
 				sink.OnServiceAdd(svc)
@@ -142,16 +144,21 @@ func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
 				sink.OnServiceDelete(svc)
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("adding Service handler: %w", err)
 	}
-	if _, err := w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// The index is updated before the sink hears of a change, so that the tracker, which
+	// reads the index when it drains, never misses a slice it was told of.
+	sliceReg, err := w.slices.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
+			w.byService.update(nil, obj)
 			if s, ok := asEndpointSlice(obj); ok {
 				sink.OnEndpointSliceAdd(s)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
+			w.byService.update(oldObj, newObj)
 			old, ok1 := asEndpointSlice(oldObj)
 			cur, ok2 := asEndpointSlice(newObj)
 			if ok1 && ok2 {
@@ -159,13 +166,16 @@ func (w *Watcher) AddHandlers(sink Sink, nodeSink NodeSink) error {
 			}
 		},
 		DeleteFunc: func(obj any) {
+			w.byService.update(obj, nil)
 			if s, ok := asEndpointSlice(obj); ok {
 				sink.OnEndpointSliceDelete(s)
 			}
 		},
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("adding EndpointSlice handler: %w", err)
 	}
+	w.handlersSynced = []cache.InformerSynced{svcReg.HasSynced, sliceReg.HasSynced}
 	cidrsChanged := func() { sink.OnServiceCIDRsChange(w.ServiceCIDRs()) }
 	if _, err := w.cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { cidrsChanged() },
@@ -195,9 +205,10 @@ func (w *Watcher) Start(ctx context.Context) {
 }
 
 // WaitForServicesAndEndpoints blocks until the Service and EndpointSlice caches have
-// synced (nothing may be programmed before), or ctx ends.
+// synced and their handlers have been handed the first list (nothing may be programmed
+// before: EndpointSlices reads what the slice handler indexed), or ctx ends.
 func (w *Watcher) WaitForServicesAndEndpoints(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), w.services.HasSynced, w.slices.HasSynced)
+	return cache.WaitForCacheSync(ctx.Done(), append([]cache.InformerSynced{w.services.HasSynced, w.slices.HasSynced}, w.handlersSynced...)...)
 }
 
 // WaitForNode blocks until the Node cache has synced, or ctx ends.
@@ -221,20 +232,11 @@ func (w *Watcher) Service(name types.NamespacedName) (*v1.Service, bool) {
 	return asService(obj)
 }
 
-// EndpointSlices returns the current EndpointSlices of the Service named name, built
-// afresh from the cache's compact form (cachedSlice).
+// EndpointSlices returns the current EndpointSlices of the Service named name (as far as
+// the slice handler has been told), built afresh from the cache's compact form
+// (cachedSlice).
 func (w *Watcher) EndpointSlices(name types.NamespacedName) []*discoveryv1.EndpointSlice {
-	objs, err := w.slices.GetIndexer().ByIndex(serviceNameIndex, name.String())
-	if err != nil {
-		return nil
-	}
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, obj := range objs {
-		if s, ok := asEndpointSlice(obj); ok {
-			out = append(out, s)
-		}
-	}
-	return out
+	return w.byService.slicesOf(name)
 }
 
 // Services returns every cached Service (for full recomputes and diagnostics).
@@ -289,14 +291,6 @@ func (w *Watcher) ServiceCIDRs() []netip.Prefix {
 		}
 	}
 	return out
-}
-
-func indexByServiceName(obj any) ([]string, error) {
-	s, ok := obj.(*cachedSlice)
-	if !ok || s.serviceName == "" {
-		return nil, nil
-	}
-	return []string{s.namespace + "/" + s.serviceName}, nil
 }
 
 // deletedObject unwraps the tombstone an informer hands out when it missed a delete.
