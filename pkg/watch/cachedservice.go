@@ -85,18 +85,7 @@ func (c *cachedService) GetObjectMeta() metav1.Object {
 
 // asService returns the API object of a cached Service, a tombstone of one, or an API
 // object as is.
-func asService(obj any) (*v1.Service, bool) {
-	switch o := obj.(type) {
-	case *cachedService:
-		return o.service(), true
-	case *v1.Service:
-		return o, true
-	}
-	if c, ok := deletedObject[*cachedService](obj); ok {
-		return c.service(), true
-	}
-	return deletedObject[*v1.Service](obj)
-}
+func asService(obj any) (*v1.Service, bool) { return fromCache(obj, (*cachedService).service) }
 
 // Shared specs: one per combination of the fields a shape holds, reset like the shared
 // strings when it grows past maxSharedSpecs (which only costs sharing).

@@ -180,14 +180,14 @@ func (c *cachedSlice) GetObjectMeta() metav1.Object {
 // asEndpointSlice returns the API object of a cached slice, a tombstone of one, or an API
 // object as is.
 func asEndpointSlice(obj any) (*discoveryv1.EndpointSlice, bool) {
-	switch o := obj.(type) {
-	case *cachedSlice:
-		return o.endpointSlice(), true
-	case *discoveryv1.EndpointSlice:
-		return o, true
+	return fromCache(obj, (*cachedSlice).endpointSlice)
+}
+
+// fromCache returns the API object (T) built from a cached form (C), from a tombstone of
+// one, or obj itself when it is a T (or a tombstone of one).
+func fromCache[C, T any](obj any, build func(C) T) (T, bool) {
+	if c, ok := deletedObject[C](obj); ok {
+		return build(c), true
 	}
-	if c, ok := deletedObject[*cachedSlice](obj); ok {
-		return c.endpointSlice(), true
-	}
-	return deletedObject[*discoveryv1.EndpointSlice](obj)
+	return deletedObject[T](obj)
 }
