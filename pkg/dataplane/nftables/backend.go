@@ -196,6 +196,7 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 // kernel, which repairs drift.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.now()
+	defer releaseBatchBuffers()
 	reason := b.sync.Reason(changes.Full, start, b.cfg.SyncPeriod)
 	if reason == "" && b.state == nil {
 		reason = fullsync.ReasonFirst

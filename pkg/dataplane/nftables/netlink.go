@@ -55,25 +55,44 @@ func (c *conn) recvBuffer() []byte {
 	return c.recvBuf
 }
 
-// batchBuffers hold the bytes of batches between the batches of a sync. A pool rather
-// than a field: a cold start sends dozens of batches of up to 4 MiB and should not
-// allocate each anew, but an idle proxy should not keep them (the pool lets the garbage
-// collector take them).
-var batchBuffers sync.Pool
+// batchBuffers hold the bytes of batches between the batches of a sync: a cold start
+// sends dozens of batches of up to 4 MiB and should not allocate each anew. Each sync lets
+// them go when it ends (releaseBatchBuffers), rather than a sync.Pool, which keeps them
+// until the second collection after: an idle proxy has few collections, so the cold
+// start's megabytes were still alive when the first full resync began, and the collector
+// let the heap grow to twice a size that counted them.
+var (
+	batchBuffersMu sync.Mutex
+	batchBuffers   [][]byte
+)
 
 // getBatchBuffer returns an empty buffer, with room for n bytes when it is a new one
-// (a pooled one grows by append when it is short).
+// (a kept one grows by append when it is short).
 func getBatchBuffer(n int) []byte {
-	if p, ok := batchBuffers.Get().(*[]byte); ok {
-		return (*p)[:0]
+	batchBuffersMu.Lock()
+	defer batchBuffersMu.Unlock()
+	if k := len(batchBuffers); k > 0 {
+		b := batchBuffers[k-1]
+		batchBuffers[k-1] = nil
+		batchBuffers = batchBuffers[:k-1]
+		return b[:0]
 	}
 	return make([]byte, 0, n)
 }
 
-// putBatchBuffer gives b back for a later batch.
+// putBatchBuffer gives b back for a later batch of the same sync.
 func putBatchBuffer(b []byte) {
-	b = b[:0]
-	batchBuffers.Put(&b)
+	batchBuffersMu.Lock()
+	defer batchBuffersMu.Unlock()
+	batchBuffers = append(batchBuffers, b[:0])
+}
+
+// releaseBatchBuffers lets the collector take the buffers kept for later batches: the
+// sync is over.
+func releaseBatchBuffers() {
+	batchBuffersMu.Lock()
+	defer batchBuffersMu.Unlock()
+	batchBuffers = nil
 }
 
 // connStats counts netlink traffic.
