@@ -109,48 +109,58 @@ func selectCluster(sp *model.ServicePortView, node model.NodeView) Selection {
 	all := sp.AllEndpoints
 	mode, modeDetail := topologyOf(all, node)
 	s := Selection{Policy: PolicyCluster, Topology: string(mode), TopologyDetail: modeDetail}
-
-	primary := 0
-	for i := range all {
-		if all[i].Ready && allowedByTopology(&all[i], mode, node) {
-			primary++
-		}
-	}
-	s.Fallback = primary == 0
-	for i := range all {
-		e := &all[i]
-		d := EndpointDecision{Endpoint: *e}
-		switch {
-		case !s.Fallback && e.Ready && allowedByTopology(e, mode, node):
-			d.Candidate, d.Reason, d.Detail = true, ReasonReady, "ready"
-			switch mode {
-			case model.TopologyPreferSameZone:
-				d.Detail = "ready, hinted for this node's zone " + node.Zone
-			case model.TopologyPreferSameNode:
-				d.Detail = "ready, hinted for this node"
+	decideAll(&s, all,
+		func(e *model.EndpointView) bool { return e.Ready && allowedByTopology(e, mode, node) },
+		func(e *model.EndpointView, primary int) (bool, Reason, string) {
+			switch {
+			case !s.Fallback && e.Ready && allowedByTopology(e, mode, node):
+				switch mode {
+				case model.TopologyPreferSameZone:
+					return true, ReasonReady, "ready, hinted for this node's zone " + node.Zone
+				case model.TopologyPreferSameNode:
+					return true, ReasonReady, "ready, hinted for this node"
+				}
+				return true, ReasonReady, "ready"
+			case !s.Fallback && e.Ready && mode == model.TopologyPreferSameZone:
+				return false, ReasonOtherZone, fmt.Sprintf("ready, but hinted for zone %s, not this node's zone %s (PreferSameZone)", listOr(e.ZoneHints), node.Zone)
+			case !s.Fallback && e.Ready && mode == model.TopologyPreferSameNode:
+				return false, ReasonOtherNode, fmt.Sprintf("ready, but hinted for node %s, not this node %s (PreferSameNode)", listOr(e.NodeHints), node.Name)
 			}
-		case !s.Fallback && e.Ready && mode == model.TopologyPreferSameZone:
-			d.Reason = ReasonOtherZone
-			d.Detail = fmt.Sprintf("ready, but hinted for zone %s, not this node's zone %s (PreferSameZone)", listOr(e.ZoneHints), node.Zone)
-		case !s.Fallback && e.Ready && mode == model.TopologyPreferSameNode:
-			d.Reason = ReasonOtherNode
-			d.Detail = fmt.Sprintf("ready, but hinted for node %s, not this node %s (PreferSameNode)", listOr(e.NodeHints), node.Name)
-		default:
-			d.Candidate, d.Reason, d.Detail = conditionDecision(e, s.Fallback, primary, "")
-		}
-		s.Decisions = append(s.Decisions, d)
-	}
+			return conditionDecision(e, s.Fallback, primary, "")
+		})
 	return s
 }
 
 // selectLocal: this node's ready endpoints; if there are none, this node's serving and
 // terminating ones. Topology never narrows it.
 func selectLocal(sp *model.ServicePortView) Selection {
-	all := sp.AllEndpoints
 	s := Selection{Policy: PolicyLocal}
+	decideAll(&s, sp.AllEndpoints,
+		func(e *model.EndpointView) bool { return e.Local && e.Ready },
+		func(e *model.EndpointView, primary int) (bool, Reason, string) {
+			switch {
+			case !e.Local:
+				if e.NodeName == "" {
+					return false, ReasonNotLocal, "no nodeName, so not on this node; Local policy uses only this node's endpoints"
+				}
+				return false, ReasonNotLocal, fmt.Sprintf("on node %s; Local policy uses only this node's endpoints", e.NodeName)
+			case !s.Fallback && e.Ready:
+				return true, ReasonReady, "ready, on this node"
+			}
+			return conditionDecision(e, s.Fallback, primary, " on this node")
+		})
+	return s
+}
+
+// decideAll fills s.Fallback and s.Decisions, one decision per endpoint of all in order.
+// The list falls back to serving+terminating endpoints when none is primary (ready and
+// allowed by the policy); decide runs after s.Fallback is set and is told the number of
+// primary endpoints.
+func decideAll(s *Selection, all []model.EndpointView, isPrimary func(*model.EndpointView) bool,
+	decide func(e *model.EndpointView, primary int) (bool, Reason, string)) {
 	primary := 0
 	for i := range all {
-		if all[i].Local && all[i].Ready {
+		if isPrimary(&all[i]) {
 			primary++
 		}
 	}
@@ -158,22 +168,9 @@ func selectLocal(sp *model.ServicePortView) Selection {
 	for i := range all {
 		e := &all[i]
 		d := EndpointDecision{Endpoint: *e}
-		switch {
-		case !e.Local:
-			d.Reason = ReasonNotLocal
-			if e.NodeName == "" {
-				d.Detail = "no nodeName, so not on this node; Local policy uses only this node's endpoints"
-			} else {
-				d.Detail = fmt.Sprintf("on node %s; Local policy uses only this node's endpoints", e.NodeName)
-			}
-		case !s.Fallback && e.Ready:
-			d.Candidate, d.Reason, d.Detail = true, ReasonReady, "ready, on this node"
-		default:
-			d.Candidate, d.Reason, d.Detail = conditionDecision(e, s.Fallback, primary, " on this node")
-		}
+		d.Candidate, d.Reason, d.Detail = decide(e, primary)
 		s.Decisions = append(s.Decisions, d)
 	}
-	return s
 }
 
 // conditionDecision decides an endpoint by its conditions alone: in a fallback list the
