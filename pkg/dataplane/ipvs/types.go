@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -152,13 +153,8 @@ func protoFromNumber(n uint16) (model.Protocol, bool) {
 }
 
 func protoName(n uint8) string {
-	switch n {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
+	if name, ok := dataplane.ProtoName(n); ok {
+		return name
 	}
 	return strconv.Itoa(int(n))
 }

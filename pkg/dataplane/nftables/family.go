@@ -6,6 +6,7 @@ import (
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -114,13 +115,8 @@ func protoNumber(p model.Protocol) byte {
 }
 
 func protoName(n byte) string {
-	switch n {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
+	if name, ok := dataplane.ProtoName(n); ok {
+		return name
 	}
 	return "proto" + itoa(int(n))
 }
