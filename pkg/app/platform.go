@@ -39,7 +39,7 @@ func setOOMScore(score int, warnings *startupWarnings) {
 // platformSetup) through k: the machine's own for --init-only, where a failure is an error,
 // or tolerant ones that turn a write the container may not make into a warning.
 func setConntrackSysctls(ctx context.Context, e *config.Effective, k conntrack.Kernel) error {
-	if err := conntrack.ApplySysctls(ctx, conntrack.Settings(e.Conntrack), k); err != nil {
+	if err := conntrack.ApplySysctls(ctx, e.Conntrack, k); err != nil {
 		return fmt.Errorf("setting conntrack sysctls: %w", err)
 	}
 	return nil

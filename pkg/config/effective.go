@@ -12,6 +12,7 @@ import (
 	netutils "k8s.io/utils/net"
 	"k8s.io/utils/ptr"
 
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -121,22 +122,10 @@ func (s IPVSSettings) ExcludeCIDRsOf(family model.IPFamily) []netip.Prefix {
 	return prefixesOf(s.ExcludeCIDRs, family)
 }
 
-// ConntrackSettings are the conntrack section's values. A zero duration or count leaves the
-// kernel's value alone.
-type ConntrackSettings struct {
-	// MaxPerCore times the number of CPUs, but at least Min, is nf_conntrack_max;
-	// MaxPerCore 0 leaves nf_conntrack_max (and Min) alone.
-	MaxPerCore int
-	Min        int
-	// TCPEstablishedTimeout and TCPCloseWaitTimeout set nf_conntrack_tcp_timeout_*.
-	TCPEstablishedTimeout time.Duration
-	TCPCloseWaitTimeout   time.Duration
-	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal=1.
-	TCPBeLiberal bool
-	// UDPTimeout and UDPStreamTimeout set nf_conntrack_udp_timeout{,_stream}.
-	UDPTimeout       time.Duration
-	UDPStreamTimeout time.Duration
-}
+// ConntrackSettings are the conntrack section's values, the type conntrack.ApplySysctls
+// takes (one definition, so a new sysctl is added in one place). A zero duration or count
+// leaves the kernel's value alone.
+type ConntrackSettings = conntrack.Settings
 
 // NewEffective derives the typed view of cfg, which must have been through SetDefaults,
 // ApplyPlatformDefaults and Validate. nodeName is the resolved node name (see

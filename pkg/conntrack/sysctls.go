@@ -12,9 +12,8 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 )
 
-// Settings are the conntrack section of the proxy configuration. A zero value leaves the
-// kernel's setting alone. The fields are those of config.ConntrackSettings, in the same
-// order, so one converts to the other.
+// Settings are the conntrack section of the proxy configuration (config.ConntrackSettings
+// is this type). A zero value leaves the kernel's setting alone.
 type Settings struct {
 	// MaxPerCore times the number of CPUs, but at least Min, is nf_conntrack_max;
 	// MaxPerCore 0 leaves nf_conntrack_max (and Min) alone.
