@@ -344,17 +344,6 @@ func (k *fakeKernel) NewChain(table, chain string) error {
 	return nil
 }
 
-func quoteArgs(args []string) string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if strings.ContainsAny(a, " \t") {
-			a = `"` + a + `"`
-		}
-		out[i] = a
-	}
-	return strings.Join(out, " ")
-}
-
 func (k *fakeKernel) Exists(table, chain string, spec ...string) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -384,7 +373,7 @@ func (k *fakeKernel) Insert(table, chain string, pos int, spec ...string) error 
 			return fmt.Errorf("iptables: Couldn't load target `%s'", tgt)
 		}
 	}
-	ch.rules = slices.Insert(ch.rules, pos-1, &fakeRule{spec: quoteArgs(spec), args: slices.Clone(spec)})
+	ch.rules = slices.Insert(ch.rules, pos-1, &fakeRule{spec: shellArgs(spec), args: slices.Clone(spec)})
 	return nil
 }
 

@@ -30,7 +30,7 @@ func (c *commandLog) NewChain(table, chain string) error {
 func (c *commandLog) Insert(table, chain string, pos int, spec ...string) error {
 	err := c.fakeKernel.Insert(table, chain, pos, spec...)
 	if err == nil {
-		c.lines = append(c.lines, c.program+" -t "+table+" -I "+chain+" "+itoa(pos)+" "+quoteArgs(spec))
+		c.lines = append(c.lines, c.program+" -t "+table+" -I "+chain+" "+itoa(pos)+" "+shellArgs(spec))
 	}
 	return err
 }
