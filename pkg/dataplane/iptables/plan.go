@@ -81,6 +81,13 @@ func (r *restoreInput) add(o lineOwner, text string) {
 	r.buf.WriteByte('\n')
 }
 
+// addTop appends the rules a Service puts into the top chains, each once.
+func (r *restoreInput) addTop(o lineOwner, top []topRule) {
+	for _, t := range dedupTop(top) {
+		r.add(o, "-A "+t.chain+" "+t.spec)
+	}
+}
+
 func (r *restoreInput) beginTable(table string) {
 	r.table = table
 	r.add(lineOwner{}, "*"+table)
@@ -383,15 +390,11 @@ func renderFull(p *fullPlan) *restoreInput {
 		r.add(global, l)
 	}
 	for _, k := range p.keep {
-		for _, t := range dedupTop(k.natTop) {
-			r.add(global, "-A "+t.chain+" "+t.spec)
-		}
+		r.addTop(global, k.natTop)
 	}
 	for _, s := range p.write {
 		o := lineOwner{kind: lineService, service: s.name}
-		for _, t := range dedupTop(s.natTop) {
-			r.add(o, "-A "+t.chain+" "+t.spec)
-		}
+		r.addTop(o, s.natTop)
 		if p.prestaged[s.name] {
 			continue
 		}
@@ -426,15 +429,11 @@ func renderFull(p *fullPlan) *restoreInput {
 		r.add(global, l)
 	}
 	for _, k := range p.keep {
-		for _, t := range dedupTop(k.filterTop) {
-			r.add(global, "-A "+t.chain+" "+t.spec)
-		}
+		r.addTop(global, k.filterTop)
 	}
 	for _, s := range p.write {
 		o := lineOwner{kind: lineService, service: s.name}
-		for _, t := range dedupTop(s.filterTop) {
-			r.add(o, "-A "+t.chain+" "+t.spec)
-		}
+		r.addTop(o, s.filterTop)
 	}
 	r.commit()
 	return r
