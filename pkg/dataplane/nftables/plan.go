@@ -433,6 +433,15 @@ type groupEffects struct {
 	next     []nextFx
 }
 
+// putOrDelete sets m[k] to v when present, and removes k from m otherwise.
+func putOrDelete[K comparable, V any](m map[K]V, k K, v V, present bool) {
+	if present {
+		m[k] = v
+	} else {
+		delete(m, k)
+	}
+}
+
 // commit applies the effects of a group to the model.
 func (s *tableState) commit(g *group, now time.Time) {
 	fx := g.fx
@@ -454,43 +463,23 @@ func (s *tableState) commit(g *group, now time.Time) {
 		s.sets[e.name] = st
 	}
 	for _, e := range fx.chains {
-		if e.c == nil {
-			delete(s.chains, e.name)
-		} else {
-			s.chains[e.name] = e.c
-		}
+		putOrDelete(s.chains, e.name, e.c, e.c != nil)
 	}
 	for _, e := range fx.elems {
 		st := s.sets[e.ref.set]
 		if st == nil || st.elems == nil {
 			continue
 		}
-		if e.v.present {
-			st.elems[e.ref.key] = e.v.value
-		} else {
-			delete(st.elems, e.ref.key)
-		}
+		putOrDelete(st.elems, e.ref.key, e.v.value, e.v.present)
 	}
 	for _, e := range fx.claims {
-		if len(e.claims) == 0 {
-			delete(s.claims, e.ref)
-		} else {
-			s.claims[e.ref] = e.claims
-		}
+		putOrDelete(s.claims, e.ref, e.claims, len(e.claims) != 0)
 	}
 	for _, e := range fx.records {
-		if e.r == nil {
-			delete(s.services, e.svc)
-		} else {
-			s.services[e.svc] = e.r
-		}
+		putOrDelete(s.services, e.svc, e.r, e.r != nil)
 	}
 	for _, e := range fx.stale {
-		if e.stale {
-			s.staleChains[e.name] = now
-		} else {
-			delete(s.staleChains, e.name)
-		}
+		putOrDelete(s.staleChains, e.name, now, e.stale)
 	}
 	for _, b := range fx.takeFree {
 		free := s.slots.free[b.set]
