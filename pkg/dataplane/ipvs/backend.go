@@ -314,10 +314,7 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 // Result.Failed; the others are programmed regardless.
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.now()
-	reason := b.sync.Reason(changes.Full, start, b.cfg.SyncPeriod)
-	if reason == "" && b.view == nil {
-		reason = fullsync.ReasonFirst
-	}
+	reason := b.sync.ReasonWithModel(b.view != nil, changes.Full, start, b.cfg.SyncPeriod)
 	full := reason != ""
 	b.stats = ApplyStats{Full: full, Reason: reason, Operations: map[string]int{}}
 	defer func() { b.stats.Duration = b.now().Sub(start) }()

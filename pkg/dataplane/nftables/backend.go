@@ -197,10 +197,7 @@ func (b *Backend) LastStats() ApplyStats { return b.stats }
 func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes model.Changes) dataplane.Result {
 	start := b.now()
 	defer releaseBatchBuffers()
-	reason := b.sync.Reason(changes.Full, start, b.cfg.SyncPeriod)
-	if reason == "" && b.state == nil {
-		reason = fullsync.ReasonFirst
-	}
+	reason := b.sync.ReasonWithModel(b.state != nil, changes.Full, start, b.cfg.SyncPeriod)
 	cfg := b.layout(desired)
 	if reason == "" && cfg.countPackets != b.countingPackets {
 		// The packet counter maps and rules are part of the fixed table, which only a

@@ -53,6 +53,15 @@ func (s *State) Reason(requested bool, now time.Time, period time.Duration) stri
 	return ""
 }
 
+// ReasonWithModel is Reason for a backend that keeps a model of the kernel: without one
+// (hasModel false: none read or written yet) the sync is full as the first one is.
+func (s *State) ReasonWithModel(hasModel, requested bool, now time.Time, period time.Duration) string {
+	if reason := s.Reason(requested, now, period); reason != "" || hasModel {
+		return reason
+	}
+	return ReasonFirst
+}
+
 // Trusted reports whether the backend knows what the kernel holds from a successful full
 // sync and no failure since: only then is a difference found in the kernel drift.
 func (s *State) Trusted() bool { return !s.NeedFull && !s.LastFull.IsZero() }

@@ -58,3 +58,27 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal("leftovers removed when told not to")
 	}
 }
+
+func TestReasonWithModel(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	synced := State{LastFull: t0}
+	failed := State{NeedFull: true, LastFull: t0}
+	for _, tc := range []struct {
+		name     string
+		state    State
+		hasModel bool
+		want     string
+	}{
+		{"synced, with a model", synced, true, ""},
+		{"synced, model lost", synced, false, ReasonFirst},
+		{"failed, with a model", failed, true, ReasonFailed},
+		{"failed, model lost", failed, false, ReasonFailed},
+		{"new", New(true), false, ReasonFirst},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.state.ReasonWithModel(tc.hasModel, false, t0, 0); got != tc.want {
+				t.Errorf("ReasonWithModel = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
