@@ -91,6 +91,16 @@ type typeMeta struct {
 	} `json:"metadata"`
 }
 
+// appendDecoded decodes one object of type T and appends it to list.
+func appendDecoded[T any](decode func(into any) error, list *[]*T) error {
+	obj := new(T)
+	if err := decode(obj); err != nil {
+		return err
+	}
+	*list = append(*list, obj)
+	return nil
+}
+
 // add decodes one object (or list) given as JSON. itemKind is the kind implied by a typed
 // list for items that do not say theirs.
 func (o *Objects) add(data []byte, itemKind, where string) error {
@@ -116,29 +126,13 @@ func (o *Objects) add(data []byte, itemKind, where string) error {
 			}
 		}
 	case "Service":
-		svc := &v1.Service{}
-		if err := decode(svc); err != nil {
-			return err
-		}
-		o.Services = append(o.Services, svc)
+		return appendDecoded(decode, &o.Services)
 	case "EndpointSlice":
-		s := &discoveryv1.EndpointSlice{}
-		if err := decode(s); err != nil {
-			return err
-		}
-		o.EndpointSlices = append(o.EndpointSlices, s)
+		return appendDecoded(decode, &o.EndpointSlices)
 	case "Node":
-		n := &v1.Node{}
-		if err := decode(n); err != nil {
-			return err
-		}
-		o.Nodes = append(o.Nodes, n)
+		return appendDecoded(decode, &o.Nodes)
 	case "ServiceCIDR":
-		sc := &networkingv1.ServiceCIDR{}
-		if err := decode(sc); err != nil {
-			return err
-		}
-		o.ServiceCIDRs = append(o.ServiceCIDRs, sc)
+		return appendDecoded(decode, &o.ServiceCIDRs)
 	case "":
 		return fmt.Errorf("%s: an object without a kind", where)
 	default:
