@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"maps"
 	"slices"
 )
 
@@ -102,10 +103,5 @@ func (p *planner) deleteStaleChains() {
 }
 
 func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
+	return slices.Sorted(maps.Keys(m))
 }

@@ -3,6 +3,7 @@ package xtables
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -216,12 +217,7 @@ func (p removalPlan) deleteInputs(max int) []deleteInput {
 }
 
 func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(m))
 }
 
 // RemoveChainsPerRestore bounds the chains one restore of RemoveChains deletes when a
