@@ -242,22 +242,21 @@ func (w *Watcher) EndpointSlices(name types.NamespacedName) []*discoveryv1.Endpo
 // Services returns every cached Service (for full recomputes and diagnostics).
 func (w *Watcher) Services() []*v1.Service {
 	objs := w.services.GetStore().List()
-	out := make([]*v1.Service, 0, len(objs))
-	for _, obj := range objs {
-		if svc, ok := asService(obj); ok {
-			out = append(out, svc)
-		}
-	}
-	return out
+	return convertAll(objs, asService)
 }
 
 // AllEndpointSlices returns every cached EndpointSlice, built afresh like EndpointSlices'.
 func (w *Watcher) AllEndpointSlices() []*discoveryv1.EndpointSlice {
 	objs := w.slices.GetStore().List()
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	return convertAll(objs, asEndpointSlice)
+}
+
+// convertAll converts cache objects with as, leaving out those it rejects.
+func convertAll[T any](objs []any, as func(any) (T, bool)) []T {
+	out := make([]T, 0, len(objs))
 	for _, obj := range objs {
-		if s, ok := asEndpointSlice(obj); ok {
-			out = append(out, s)
+		if t, ok := as(obj); ok {
+			out = append(out, t)
 		}
 	}
 	return out
