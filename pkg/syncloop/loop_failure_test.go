@@ -18,6 +18,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 // Tests of the failure rule (a Service the backend rejects keeps its last good version
@@ -238,7 +239,7 @@ func waitForWaiters(t *testing.T, fc *clocktesting.FakeClock, n int) {
 
 // panickySource panics when asked for one Service, like a bug in its computation.
 type panickySource struct {
-	*fakeSource
+	*modeltest.Source
 	name types.NamespacedName
 	on   bool
 }
@@ -247,7 +248,7 @@ func (s *panickySource) Service(n types.NamespacedName) (*v1.Service, bool) {
 	if s.on && n == s.name {
 		panic("nil pointer dereference")
 	}
-	return s.fakeSource.Service(n)
+	return s.Source.Service(n)
 }
 
 // TestComputePanicKeepsTheServiceAndRetriesIt: a panic while computing one Service is
@@ -255,7 +256,7 @@ func (s *panickySource) Service(n types.NamespacedName) (*v1.Service, bool) {
 // although nothing changed.
 func TestComputePanicKeepsTheServiceAndRetriesIt(t *testing.T) {
 	h := newHarness(t)
-	src := &panickySource{fakeSource: h.src, name: nameBad}
+	src := &panickySource{Source: h.src, name: nameBad}
 	h.tracker = model.NewTracker(model.TrackerConfig{Source: src, Node: model.NodeInfo{Name: "node-a"},
 		Options: model.Options{Families: []model.IPFamily{model.IPv4}}})
 	h.loop.cfg.Tracker = h.tracker

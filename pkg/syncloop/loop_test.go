@@ -21,28 +21,10 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 // Conventions: node "node-a"; Services 10.96.0.0/16; pods 10.244.0.0/16.
-
-type fakeSource struct {
-	mu       sync.Mutex
-	services map[types.NamespacedName]*v1.Service
-	slices   map[types.NamespacedName][]*discoveryv1.EndpointSlice
-}
-
-func (s *fakeSource) Service(n types.NamespacedName) (*v1.Service, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	svc, ok := s.services[n]
-	return svc, ok
-}
-
-func (s *fakeSource) EndpointSlices(n types.NamespacedName) []*discoveryv1.EndpointSlice {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.slices[n]
-}
 
 func service(name, ip string) *v1.Service {
 	return &v1.Service{
@@ -64,7 +46,7 @@ func slice(svc, ip string) *discoveryv1.EndpointSlice {
 }
 
 type harness struct {
-	src     *fakeSource
+	src     *modeltest.Source
 	tracker *model.Tracker
 	backend *recording.Backend
 	loop    *Loop
@@ -75,7 +57,7 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	h := &harness{
-		src:     &fakeSource{services: map[types.NamespacedName]*v1.Service{}, slices: map[types.NamespacedName][]*discoveryv1.EndpointSlice{}},
+		src:     modeltest.NewSource(),
 		backend: recording.New(model.IPv4),
 		health:  &fakeHealth{},
 		report:  &fakeReporter{failed: map[types.NamespacedName]int{}},
@@ -100,10 +82,7 @@ func newHarness(t *testing.T) *harness {
 
 func (h *harness) add(name, ip, epIP string) {
 	svc, sl := service(name, ip), slice(name, epIP)
-	h.src.mu.Lock()
-	h.src.services[types.NamespacedName{Namespace: "ns", Name: name}] = svc
-	h.src.slices[types.NamespacedName{Namespace: "ns", Name: name}] = []*discoveryv1.EndpointSlice{sl}
-	h.src.mu.Unlock()
+	h.src.Put(svc, sl)
 	h.tracker.OnServiceAdd(svc)
 	h.tracker.OnEndpointSliceAdd(sl)
 }
@@ -346,7 +325,7 @@ func (b modeBackend) Mode() dataplane.Mode { return b.mode }
 func TestSyncFailureSeriesExistBeforeTheFirstFailure(t *testing.T) {
 	const mode = "never-failed"
 	tracker := model.NewTracker(model.TrackerConfig{
-		Source:  &fakeSource{},
+		Source:  modeltest.NewSource(),
 		Node:    model.NodeInfo{Name: "node-a"},
 		Options: model.Options{Families: []model.IPFamily{model.IPv4}},
 	})
