@@ -129,15 +129,8 @@ func (e setEntry) normalize(t ipsetType) setEntry {
 }
 
 func protoNumber(p model.Protocol) uint8 {
-	switch p {
-	case model.TCP:
-		return unix.IPPROTO_TCP
-	case model.UDP:
-		return unix.IPPROTO_UDP
-	case model.SCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return 0
+	n, _ := dataplane.ProtoNumber(p) // 0 for an unknown protocol
+	return n
 }
 
 func protoFromNumber(n uint16) (model.Protocol, bool) {

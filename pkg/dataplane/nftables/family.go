@@ -103,13 +103,11 @@ func (f *family) natFamily() uint32 {
 	return unix.NFPROTO_IPV6
 }
 
-// protoNumber maps a Service protocol to its IP protocol number.
+// protoNumber maps a Service protocol to its IP protocol number (TCP, the API's default,
+// for an unknown one).
 func protoNumber(p model.Protocol) byte {
-	switch p {
-	case model.UDP:
-		return unix.IPPROTO_UDP
-	case model.SCTP:
-		return unix.IPPROTO_SCTP
+	if n, ok := dataplane.ProtoNumber(p); ok {
+		return n
 	}
 	return unix.IPPROTO_TCP
 }
