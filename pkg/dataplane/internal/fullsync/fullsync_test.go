@@ -5,10 +5,14 @@ import (
 	"time"
 )
 
+// t0 is when the last full sync of the states synced and failed started.
+var (
+	t0     = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	synced = State{LastFull: t0}
+	failed = State{NeedFull: true, LastFull: t0}
+)
+
 func TestReason(t *testing.T) {
-	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
-	synced := State{LastFull: t0}
-	failed := State{NeedFull: true, LastFull: t0}
 	for _, tc := range []struct {
 		name      string
 		state     State
@@ -34,7 +38,6 @@ func TestReason(t *testing.T) {
 }
 
 func TestLifecycle(t *testing.T) {
-	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	s := New(true)
 	if s.Trusted() {
 		t.Fatal("a new state is trusted")
@@ -60,9 +63,6 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestReasonWithModel(t *testing.T) {
-	t0 := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
-	synced := State{LastFull: t0}
-	failed := State{NeedFull: true, LastFull: t0}
 	for _, tc := range []struct {
 		name     string
 		state    State
