@@ -145,21 +145,28 @@ func (e *encoder) encodeRule(chain string, pr *plannedRule, group int) {
 	e.end()
 }
 
-func (e *encoder) encodeSet(s *setDef, name string, id uint32, group int) {
+// beginSet starts a NEWSET message in sluice's table with the attributes every set has:
+// name, flags, key type and length, and, for a map, the data type and length.
+func (e *encoder) beginSet(name string, flags, keyType, keyLen, dataType, dataLen uint32, group int) {
 	b := &e.b
 	e.begin(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, group)
+	b.str(unix.NFTA_SET_TABLE, kubeProxyTable)
+	b.str(unix.NFTA_SET_NAME, name)
+	b.u32(unix.NFTA_SET_FLAGS, flags)
+	b.u32(unix.NFTA_SET_KEY_TYPE, keyType)
+	b.u32(unix.NFTA_SET_KEY_LEN, keyLen)
+	if flags&unix.NFT_SET_MAP != 0 {
+		b.u32(unix.NFTA_SET_DATA_TYPE, dataType)
+		b.u32(unix.NFTA_SET_DATA_LEN, dataLen)
+	}
+}
+
+func (e *encoder) encodeSet(s *setDef, name string, id uint32, group int) {
+	b := &e.b
 	if name == "" {
 		name = s.name
 	}
-	b.str(unix.NFTA_SET_TABLE, kubeProxyTable)
-	b.str(unix.NFTA_SET_NAME, name)
-	b.u32(unix.NFTA_SET_FLAGS, s.flags)
-	b.u32(unix.NFTA_SET_KEY_TYPE, s.keyType)
-	b.u32(unix.NFTA_SET_KEY_LEN, s.keyLen)
-	if s.flags&unix.NFT_SET_MAP != 0 {
-		b.u32(unix.NFTA_SET_DATA_TYPE, s.dataType)
-		b.u32(unix.NFTA_SET_DATA_LEN, s.dataLen)
-	}
+	e.beginSet(name, s.flags, s.keyType, s.keyLen, s.dataType, s.dataLen, group)
 	if s.timeout != 0 {
 		b.u64(unix.NFTA_SET_TIMEOUT, uint64(s.timeout.Milliseconds()))
 	}
@@ -183,16 +190,7 @@ func (e *encoder) encodeSet(s *setDef, name string, id uint32, group int) {
 
 func (e *encoder) encodeAnonSet(a *anonSet, name string, id uint32, group int) {
 	b := &e.b
-	e.begin(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, group)
-	b.str(unix.NFTA_SET_TABLE, kubeProxyTable)
-	b.str(unix.NFTA_SET_NAME, name)
-	b.u32(unix.NFTA_SET_FLAGS, a.flags)
-	b.u32(unix.NFTA_SET_KEY_TYPE, a.keyType)
-	b.u32(unix.NFTA_SET_KEY_LEN, a.keyLen)
-	if a.flags&unix.NFT_SET_MAP != 0 {
-		b.u32(unix.NFTA_SET_DATA_TYPE, a.dataType)
-		b.u32(unix.NFTA_SET_DATA_LEN, a.dataLen)
-	}
+	e.beginSet(name, a.flags, a.keyType, a.keyLen, a.dataType, a.dataLen, group)
 	b.u32(unix.NFTA_SET_ID, id)
 	b.nest(unix.NFTA_SET_DESC)
 	b.u32(nftaSetDescSize, uint32(len(a.elems)))

@@ -383,6 +383,25 @@ func extAckMsg(data []byte) string {
 	return ""
 }
 
+// sendGetLocked sends one GET request of msgType with the given flags (NLM_F_REQUEST is
+// added) under the next sequence number, which it returns. The caller holds c.mu and reads
+// the answers.
+func (c *conn) sendGetLocked(msgType uint16, flags uint16, family byte, attrs func(b *msgBuilder)) (uint32, error) {
+	if c.fd < 0 {
+		return 0, errors.New("netlink socket closed")
+	}
+	c.seq++
+	seq := c.seq
+	var b msgBuilder
+	b.begin(uint16(nfnlSubsysNFTables<<8)|msgType, unix.NLM_F_REQUEST|flags, family)
+	if attrs != nil {
+		attrs(&b)
+	}
+	b.end()
+	setSeq(b.buf, 0, seq)
+	return seq, unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
+}
+
 // errDumpInterrupted means the ruleset changed during a dump.
 var errDumpInterrupted = errors.New("dump interrupted by a concurrent change")
 
@@ -390,19 +409,8 @@ var errDumpInterrupted = errors.New("dump interrupted by a concurrent change")
 func (c *conn) dump(msgType uint16, family byte, attrs func(b *msgBuilder), fn func(m nlMsg) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.fd < 0 {
-		return errors.New("netlink socket closed")
-	}
-	c.seq++
-	seq := c.seq
-	var b msgBuilder
-	b.begin(uint16(nfnlSubsysNFTables<<8)|msgType, unix.NLM_F_REQUEST|unix.NLM_F_DUMP, family)
-	if attrs != nil {
-		attrs(&b)
-	}
-	b.end()
-	setSeq(b.buf, 0, seq)
-	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+	seq, err := c.sendGetLocked(msgType, unix.NLM_F_DUMP, family, attrs)
+	if err != nil {
 		return fmt.Errorf("send dump request: %w", err)
 	}
 	c.stats.Dumps++
@@ -450,19 +458,8 @@ func (c *conn) dump(msgType uint16, family byte, attrs func(b *msgBuilder), fn f
 func (c *conn) request(msgType uint16, family byte, attrs func(b *msgBuilder)) (*nlMsg, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.fd < 0 {
-		return nil, errors.New("netlink socket closed")
-	}
-	c.seq++
-	seq := c.seq
-	var b msgBuilder
-	b.begin(uint16(nfnlSubsysNFTables<<8)|msgType, unix.NLM_F_REQUEST|unix.NLM_F_ACK, family)
-	if attrs != nil {
-		attrs(&b)
-	}
-	b.end()
-	setSeq(b.buf, 0, seq)
-	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+	seq, err := c.sendGetLocked(msgType, unix.NLM_F_ACK, family, attrs)
+	if err != nil {
 		return nil, fmt.Errorf("send request: %w", err)
 	}
 	rbuf := c.recvBuffer()
