@@ -17,6 +17,21 @@
 //	                           │
 //	                external: eth0 172.18.0.100/24 (+ .101, ...)
 //
+// With Options.IPv6 every host also has an IPv6 address: underlay fd00:172:18::/64 (the
+// gateway ::1, nodes ::2, ::3, the external client ::64, ::65, ...), pods
+// fd00:10:244:<node>::/64 (bridge ::1, pods ::a, ::b). With Options.SecondaryUnderlay each
+// node's eth0 has a second address in 172.18.1.0/24 (fd00:172:19::/64), .2, .3, ..., which
+// the external client reaches from its own 172.18.1.100 (fd00:172:19::64).
+//
+// The underlay's gateway forwards nothing and answers nothing: a packet that leaves a node
+// for an address no host has (a ClusterIP nothing claims, say) is silently dropped, in both
+// families, so the client sees a timeout, never a rate-limited mix of timeouts and "host
+// unreachable".
+//
+// Several topologies can share one apiserver bridge (Options.APIOf): their nodes join the
+// first topology's bridge with addresses of their own, so that one control plane serves
+// them all.
+//
 // Every name carries the run's id (slct-<pid>-<seq>), so runs in parallel never collide,
 // and everything is deleted in t.Cleanup even when the test fails. Teardown removes what a
 // crashed run left behind: namespaces and links whose owning process is gone. In the test's
@@ -53,6 +68,15 @@ type Options struct {
 	// ExternalAddresses is the number of IPv4 (and IPv6) addresses of the external client,
 	// to test source-range filtering with more than one source; default 1.
 	ExternalAddresses int
+	// SecondaryUnderlay gives every node a second underlay address, in another subnet
+	// (Node.SecondaryIPs), and the external client an address in that subnet
+	// (Cluster.ExternalSecondaryIPs): a node address outside the primary subnet, to test
+	// nodePortAddresses.
+	SecondaryUnderlay bool
+	// APIOf, when set, attaches this topology's nodes to the apiserver bridge of another
+	// topology instead of creating one: one control plane then serves both. APIOf must
+	// outlive this topology (create it first: cleanups run in reverse).
+	APIOf *Cluster
 	// LogDir receives one log file per started process. Default: $SLUICE_TEST_ARTIFACTS/<id>
 	// when that is set, else a temporary directory. It is removed when the test passes and
 	// kept (and named in the test log) when it fails.
@@ -74,10 +98,16 @@ type Cluster struct {
 	External *Host
 	// ExternalIPs are all the external client's addresses (External.IPv4 is the first).
 	ExternalIPs []netip.Addr
+	// ExternalSecondaryIPs are the external client's addresses in the secondary underlay
+	// subnet (Options.SecondaryUnderlay), IPv4 first.
+	ExternalSecondaryIPs []netip.Addr
 	// LogDir holds the process logs.
 	LogDir string
 
 	linkTag   string // prefix of every link this run creates in the test's namespace
+	apiSlot   int    // which block of addresses on the apiserver bridge this run's nodes use
+	apiUsers  atomic.Int32
+	names     map[netip.Addr]string // every address of the topology, by AddressName
 	mu        sync.Mutex
 	processes []*Process
 }
@@ -103,7 +133,10 @@ type Node struct {
 	BridgeIPs []netip.Addr
 	// APIAddress is the node's address on its link to the test's namespace.
 	APIAddress netip.Addr
-	Pods       []*Pod
+	// SecondaryIPs are the node's second underlay addresses (Options.SecondaryUnderlay),
+	// IPv4 first; nil without.
+	SecondaryIPs []netip.Addr
+	Pods         []*Pod
 }
 
 // Pod is a pod namespace on a node.
@@ -116,6 +149,8 @@ type Pod struct {
 const (
 	underlayV4     = "172.18.0"
 	underlayV6     = "fd00:172:18::"
+	secondaryV4    = "172.18.1"
+	secondaryV6    = "fd00:172:19::"
 	externalOffset = 100
 	podBridge      = "cbr0"
 	// ClusterCIDRv4 and ClusterCIDRv6 cover every node's pod CIDR.
@@ -155,6 +190,13 @@ func New(t testing.TB, opts Options) *Cluster {
 	}
 	c.Underlay = c.ID + "-underlay"
 	c.APIBridge = c.linkTag + "br"
+	if opts.APIOf != nil {
+		c.APIBridge, c.APIPrefix = opts.APIOf.APIBridge, opts.APIOf.APIPrefix
+		c.apiSlot = int(opts.APIOf.apiUsers.Add(1))
+		if 10+10*c.apiSlot+opts.Nodes > 250 {
+			t.Fatalf("topology: too many topologies on the apiserver bridge of %s", opts.APIOf.ID)
+		}
+	}
 
 	c.LogDir = opts.LogDir
 	if c.LogDir == "" {
@@ -244,8 +286,14 @@ func (c *Cluster) build(opts Options) error {
 	if err := c.addNetNS(c.Underlay, opts.IPv6); err != nil {
 		return err
 	}
-	// The switch must not run the underlay's own netfilter on bridged frames.
-	if err := sysctl(c.Underlay, "net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0"); err != nil {
+	// The switch must not run the underlay's own netfilter on bridged frames. The
+	// gateway drops whatever is sent to it for another address, without an ICMP error:
+	// with forwarding on, a packet that meets a blackhole route is discarded silently
+	// (with forwarding off, the kernel answers "host unreachable", rate-limited by a
+	// global token bucket, so a client would see either that or a timeout). IPv6 drops at
+	// a blackhole route whether or not it forwards.
+	if err := sysctl(c.Underlay, "net.bridge.bridge-nf-call-iptables=0", "net.bridge.bridge-nf-call-ip6tables=0",
+		"net.ipv4.ip_forward=1", "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0"); err != nil {
 		return err
 	}
 	u := c.Underlay
@@ -253,27 +301,36 @@ func (c *Cluster) build(opts Options) error {
 		words("-n %s link add br0 type bridge", u),
 		words("-n %s addr add %s.1/24 dev br0", u, underlayV4),
 		words("-n %s link set br0 up", u),
+		words("-n %s route add blackhole default", u),
 	); err != nil {
 		return err
 	}
+	c.name(netip.MustParseAddr(underlayV4+".1"), "gateway")
 	if opts.IPv6 {
-		if err := ip(words("-n %s addr add %s1/64 dev br0 nodad", u, underlayV6)...); err != nil {
+		if err := script(
+			words("-n %s addr add %s1/64 dev br0 nodad", u, underlayV6),
+			words("-n %s -6 route add blackhole default", u),
+		); err != nil {
+			return err
+		}
+		c.name(netip.MustParseAddr(underlayV6+"1"), "gateway")
+	}
+
+	if opts.APIOf == nil {
+		apiPrefix, err := freeLinkLocalSubnet()
+		if err != nil {
+			return err
+		}
+		c.APIPrefix = apiPrefix
+		if err := script(
+			words("link add %s type bridge", c.APIBridge),
+			words("addr add %s dev %s", apiPrefix, c.APIBridge),
+			words("link set %s up", c.APIBridge),
+		); err != nil {
 			return err
 		}
 	}
-
-	apiPrefix, err := freeLinkLocalSubnet()
-	if err != nil {
-		return err
-	}
-	c.APIPrefix = apiPrefix
-	if err := script(
-		words("link add %s type bridge", c.APIBridge),
-		words("addr add %s dev %s", apiPrefix, c.APIBridge),
-		words("link set %s up", c.APIBridge),
-	); err != nil {
-		return err
-	}
+	c.name(c.APIPrefix.Addr(), "apiserver")
 
 	for i := range opts.Nodes {
 		n, err := c.addNode(i, opts)
@@ -306,7 +363,7 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 	n := &Node{
 		Host:       Host{Name: name, NetNS: c.ID + "-" + name, c: c},
 		Bridge:     podBridge,
-		APIAddress: nthAddr(c.APIPrefix, 10+i),
+		APIAddress: nthAddr(c.APIPrefix, 10+10*c.apiSlot+i),
 	}
 	n.IPv4 = netip.MustParseAddr(fmt.Sprintf("%s.%d", underlayV4, 2+i))
 	n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.244.%d.0/24", i+1))}
@@ -359,6 +416,20 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
+	c.name(n.IPv4, name+"/eth0")
+	c.name(n.IPv6, name+"/eth0")
+	if opts.SecondaryUnderlay {
+		n.SecondaryIPs = []netip.Addr{netip.MustParseAddr(fmt.Sprintf("%s.%d", secondaryV4, 2+i))}
+		if opts.IPv6 {
+			n.SecondaryIPs = append(n.SecondaryIPs, netip.MustParseAddr(fmt.Sprintf("%s%x", secondaryV6, 2+i)))
+		}
+		for _, a := range n.SecondaryIPs {
+			if err := addAddr(ns, "eth0", a); err != nil {
+				return nil, err
+			}
+			c.name(a, name+"/eth0-secondary")
+		}
+	}
 
 	// Link to the test's namespace (the apiserver).
 	rootEnd := c.linkTag + nodeLetter(i)
@@ -370,6 +441,7 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 	); err != nil {
 		return nil, err
 	}
+	c.name(n.APIAddress, name+"/api0")
 
 	// Pod bridge and pods.
 	if err := script(
@@ -383,6 +455,9 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 		if err := ip(words("-n %s addr add %s/64 dev %s nodad", ns, n.BridgeIPs[1], podBridge)...); err != nil {
 			return nil, err
 		}
+	}
+	for _, a := range n.BridgeIPs {
+		c.name(a, name+"/"+podBridge)
 	}
 	for j := range opts.PodsPerNode {
 		p, err := c.addPod(n, j, opts)
@@ -420,6 +495,8 @@ func (c *Cluster) addPod(n *Node, j int, opts Options) (*Pod, error) {
 			words("-n %s addr add %s/64 dev eth0 nodad", p.NetNS, p.IPv6),
 			words("-n %s -6 route add default via %s", p.NetNS, n.BridgeIPs[1]))
 	}
+	c.name(p.IPv4, name)
+	c.name(p.IPv6, name)
 	return p, script(cmds...)
 }
 
@@ -446,25 +523,53 @@ func (c *Cluster) addExternal(opts Options) error {
 		return err
 	}
 	for k := range opts.ExternalAddresses {
+		// The first address is "external", the next ones "external-2", "external-3", ...
+		name := "external"
+		if k > 0 {
+			name = fmt.Sprintf("external-%d", k+1)
+		}
 		a := netip.MustParseAddr(fmt.Sprintf("%s.%d", underlayV4, externalOffset+k))
 		if err := ip(words("-n %s addr add %s/24 dev eth0", h.NetNS, a)...); err != nil {
 			return err
 		}
 		c.ExternalIPs = append(c.ExternalIPs, a)
+		c.name(a, name)
 		if opts.IPv6 {
 			a6 := netip.MustParseAddr(fmt.Sprintf("%s%x", underlayV6, externalOffset+k))
 			if err := ip(words("-n %s addr add %s/64 dev eth0 nodad", h.NetNS, a6)...); err != nil {
 				return err
 			}
 			c.ExternalIPs = append(c.ExternalIPs, a6)
+			c.name(a6, name)
 			if k == 0 {
 				h.IPv6 = a6
 			}
 		}
 	}
+	if opts.SecondaryUnderlay {
+		c.ExternalSecondaryIPs = []netip.Addr{netip.MustParseAddr(fmt.Sprintf("%s.%d", secondaryV4, externalOffset))}
+		if opts.IPv6 {
+			c.ExternalSecondaryIPs = append(c.ExternalSecondaryIPs, netip.MustParseAddr(fmt.Sprintf("%s%x", secondaryV6, externalOffset)))
+		}
+		for _, a := range c.ExternalSecondaryIPs {
+			if err := addAddr(h.NetNS, "eth0", a); err != nil {
+				return err
+			}
+			c.name(a, "external/secondary")
+		}
+	}
 	h.IPv4 = c.ExternalIPs[0]
 	c.External = h
 	return nil
+}
+
+// addAddr puts a on dev in namespace ns, with the underlay subnets' prefix length (/24 for
+// IPv4, /64 for IPv6) and, for IPv6, without duplicate address detection.
+func addAddr(ns, dev string, a netip.Addr) error {
+	if a.Is4() {
+		return ip(words("-n %s addr add %s/24 dev %s", ns, a, dev)...)
+	}
+	return ip(words("-n %s addr add %s/64 dev %s nodad", ns, a, dev)...)
 }
 
 // nthAddr is the n-th address of prefix p (n small).
@@ -501,6 +606,34 @@ func freeLinkLocalSubnet() (netip.Prefix, error) {
 
 // APIAddress is the address the kube-apiserver should bind: every node reaches it.
 func (c *Cluster) APIAddress() netip.Addr { return c.APIPrefix.Addr() }
+
+// name records what an address of the topology is called (AddressName).
+func (c *Cluster) name(a netip.Addr, name string) {
+	if !a.IsValid() {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.names == nil {
+		c.names = map[netip.Addr]string{}
+	}
+	c.names[a] = name
+}
+
+// AddressName says whose address a is, by role rather than by number, so that tests can
+// state where a packet came from in words that do not change between topologies: a pod
+// ("a0"), a node's interface ("node-a/eth0", "node-a/cbr0", "node-a/api0",
+// "node-a/eth0-secondary"), the external client ("external", "external-2",
+// "external/secondary"), the underlay's "gateway" or the "apiserver". IPv4 and IPv6
+// addresses of one interface share a name. Any other address is returned as it is.
+func (c *Cluster) AddressName(a netip.Addr) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n, ok := c.names[a.Unmap()]; ok {
+		return n
+	}
+	return a.String()
+}
 
 // Node returns the node with the given logical name (node-a, ...), or nil.
 func (c *Cluster) Node(name string) *Node {

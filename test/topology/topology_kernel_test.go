@@ -9,6 +9,7 @@ package topology
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -131,6 +132,63 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		}
 	})
 
+	t.Run("the underlay gateway drops what escapes a node silently, in both families", func(t *testing.T) {
+		short := echo.ProbeOptions{Timeout: 500 * time.Millisecond}
+		for _, target := range []string{"10.96.0.1:443", "[fd00:10:96::1]:443"} {
+			for _, proto := range []echo.Protocol{echo.TCP, echo.UDP} {
+				// Many tries in a row: a rate-limited ICMP error would show up in some.
+				for i := range 4 {
+					expect(t, fmt.Sprintf("a0 -> %s %s, try %d", proto, target, i), a0.Probe(proto, netip.MustParseAddrPort(target), short), echo.Timeout)
+				}
+			}
+		}
+	})
+
+	t.Run("a router's refusal is refused in both families; a plain IPv6 TCP client learns of it at the SYN retransmission", func(t *testing.T) {
+		// node-b rejects what it would forward to b0's port 9997 (ICMP port unreachable,
+		// as kube-proxy's REJECT rules do) and answers port 9996 with a TCP RST. An ICMPv6
+		// error to a connecting socket without IPV6_RECVERR is a soft error on Linux 6.18:
+		// connect fails only when the SYN is sent again, a second later; IPv4 fails at once.
+		mustRun(t, &nodeB.Host, "nft", "add", "table", "inet", "refusals")
+		mustRun(t, &nodeB.Host, "nft", "add chain inet refusals forwarding { type filter hook forward priority 0 ; }")
+		mustRun(t, &nodeB.Host, "nft", "add rule inet refusals forwarding th dport 9997 reject")
+		mustRun(t, &nodeB.Host, "nft", "add rule inet refusals forwarding tcp dport 9996 reject with tcp reset")
+		defer nodeB.Run("nft", "delete", "table", "inet", "refusals")
+		for _, tc := range []struct {
+			proto      echo.Protocol
+			addr       netip.Addr
+			port       uint16
+			retransmit int
+		}{
+			{echo.TCP, b0.IPv4, 9997, 0},
+			{echo.UDP, b0.IPv4, 9997, 0},
+			{echo.TCP, b0.IPv4, 9996, 0},
+			{echo.TCP, b0.IPv6, 9997, -1}, // kernel-dependent: 1 on Linux 6.18
+			{echo.UDP, b0.IPv6, 9997, 0},
+			{echo.TCP, b0.IPv6, 9996, 0},
+		} {
+			target := netip.AddrPortFrom(tc.addr, tc.port)
+			out := expect(t, fmt.Sprintf("a0 -> %s %s", tc.proto, target), a0.Probe(tc.proto, target, echo.ProbeOptions{Timeout: 3 * time.Second}), echo.Refused)
+			t.Logf("a0 -> %s %s: %s", tc.proto, target, out)
+			if tc.retransmit >= 0 && out.SYNRetransmits != tc.retransmit {
+				t.Errorf("a0 -> %s %s: refused after %d SYN retransmissions, want %d", tc.proto, target, out.SYNRetransmits, tc.retransmit)
+			}
+		}
+	})
+
+	t.Run("addresses have names by role", func(t *testing.T) {
+		for a, want := range map[netip.Addr]string{
+			a0.IPv4: "a0", a0.IPv6: "a0", nodeA.IPv4: "node-a/eth0", nodeB.IPv6: "node-b/eth0",
+			nodeA.BridgeIPs[0]: "node-a/cbr0", nodeA.BridgeIPs[1]: "node-a/cbr0", nodeA.APIAddress: "node-a/api0",
+			c.ExternalIPs[0]: "external", c.ExternalIPs[1]: "external", c.ExternalIPs[2]: "external-2",
+			c.APIAddress(): "apiserver", netip.MustParseAddr("192.0.2.1"): "192.0.2.1",
+		} {
+			if got := c.AddressName(a); got != want {
+				t.Errorf("AddressName(%s) = %q, want %q", a, got, want)
+			}
+		}
+	})
+
 	t.Run("a UDP client keeps its source port across sends", func(t *testing.T) {
 		u, err := a0.DialUDP(netip.AddrPortFrom(b0.IPv4, 8080), netip.Addr{})
 		if err != nil {
@@ -218,5 +276,58 @@ func TestTeardownRemovesWhatACrashedRunLeft(t *testing.T) {
 	}
 	if left := Leftovers(live.ID, live.LinkTag()); len(left) == 0 {
 		t.Error("Teardown removed the live run's namespaces")
+	}
+}
+
+func TestTopologiesShareAnAPIServerBridgeAndNodesHaveSecondaryAddresses(t *testing.T) {
+	first := New(t, Options{Nodes: 1, PodsPerNode: 1, IPv6: true, SecondaryUnderlay: true})
+	second := New(t, Options{Nodes: 1, PodsPerNode: 1, IPv6: true, SecondaryUnderlay: true, APIOf: first})
+	if second.APIAddress() != first.APIAddress() || second.APIBridge != first.APIBridge {
+		t.Fatalf("second topology's apiserver %s on %s, want the first's %s on %s", second.APIAddress(), second.APIBridge, first.APIAddress(), first.APIBridge)
+	}
+	if a, b := first.Nodes[0].APIAddress, second.Nodes[0].APIAddress; a == b {
+		t.Fatalf("both topologies' node-a have api0 address %s", a)
+	}
+	srv, err := echo.Listen(echo.ServerConfig{Pod: "apiserver", Ports: []uint16{16443}, Protocols: []echo.Protocol{echo.TCP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	for _, c := range []*Cluster{first, second} {
+		n := c.Nodes[0]
+		out := expect(t, c.ID+" node-a -> apiserver", n.Probe(echo.TCP, netip.AddrPortFrom(first.APIAddress(), 16443), echo.ProbeOptions{}), echo.Answered)
+		if out.Result == echo.Answered && out.Reply.Remote.Addr() != n.APIAddress {
+			t.Errorf("%s node-a seen by the apiserver as %s, want %s", c.ID, out.Reply.Remote.Addr(), n.APIAddress)
+		}
+	}
+
+	n := second.Nodes[0]
+	if len(n.SecondaryIPs) != 2 || len(second.ExternalSecondaryIPs) != 2 {
+		t.Fatalf("secondary addresses: node %v, external %v; want one per family", n.SecondaryIPs, second.ExternalSecondaryIPs)
+	}
+	if _, err := n.Start("echo-node-a", EchoServerBinary(t), "serve", "-pod", "node-a", "-ports", "9090", "-protocols", "tcp"); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range n.SecondaryIPs {
+		target := netip.AddrPortFrom(a, 9090)
+		var out echo.Outcome
+		if err := waitFor(5*time.Second, func() error {
+			out = second.External.Probe(echo.TCP, target, echo.ProbeOptions{})
+			if out.Result != echo.Answered {
+				return errors.New(out.String())
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("external -> %s: %v", target, err)
+		}
+		if src := out.Reply.Remote.Addr(); src != second.ExternalSecondaryIPs[i] || second.AddressName(src) != "external/secondary" {
+			t.Errorf("external -> %s: seen as %s (%s), want its secondary address %s", target, src, second.AddressName(src), second.ExternalSecondaryIPs[i])
+		}
+		if got := second.AddressName(a); got != "node-a/eth0-secondary" {
+			t.Errorf("AddressName(%s) = %q", a, got)
+		}
 	}
 }

@@ -28,8 +28,8 @@ const (
 	Refused Result = "refused"
 	// Timeout: nothing came back before the deadline; the packet was dropped somewhere.
 	Timeout Result = "timeout"
-	// Unreachable: ICMP host/net unreachable or admin-prohibited came back, or the client
-	// had no route.
+	// Unreachable: ICMP host/net unreachable or admin-prohibited came back (IPv4 reports a
+	// prohibition as EHOSTUNREACH, IPv6 as EACCES), or the client had no route.
 	Unreachable Result = "unreachable"
 	// Failed: anything else (a malformed reply, an unexpected socket error).
 	Failed Result = "failed"
@@ -42,6 +42,12 @@ type Outcome struct {
 	Reply Reply
 	// Err is the underlying error for every other result.
 	Err error
+	// SYNRetransmits is how many times a TCP client sent its SYN again before the outcome
+	// (the kernel's tcpi_total_retrans of the connecting socket). A refusal normally comes
+	// back on the first SYN; on Linux 6.18 an IPv6 client that is refused with ICMPv6 port
+	// unreachable, rather than a TCP RST, learns of it only when its SYN is retransmitted
+	// (one second later), the first error counting as a soft one.
+	SYNRetransmits int
 }
 
 // String renders the outcome on one line, e.g. "answered pod=a0 ..." or "refused: ...".
@@ -49,10 +55,14 @@ func (o Outcome) String() string {
 	if o.Result == Answered {
 		return "answered " + o.Reply.String()
 	}
-	if o.Err != nil {
-		return fmt.Sprintf("%s: %v", o.Result, o.Err)
+	s := string(o.Result)
+	if o.SYNRetransmits > 0 {
+		s += fmt.Sprintf(" after %d SYN retransmission(s)", o.SYNRetransmits)
 	}
-	return string(o.Result)
+	if o.Err != nil {
+		s += fmt.Sprintf(": %v", o.Err)
+	}
+	return s
 }
 
 // DefaultTimeout is how long a probe waits for an answer when the caller gives no timeout.
@@ -98,13 +108,29 @@ func Probe(ctx context.Context, proto Protocol, target netip.AddrPort, opts Prob
 }
 
 func probeTCP(ctx context.Context, target netip.AddrPort, source netip.Addr) Outcome {
-	d := net.Dialer{}
+	// A duplicate of the socket's descriptor outlives the one the dialer closes on failure,
+	// so that the socket's TCP_INFO can still be read: it tells how many SYNs went out.
+	dup := -1
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		cerr := c.Control(func(fd uintptr) { dup, err = unix.Dup(int(fd)) })
+		return errors.Join(cerr, err)
+	}}
 	if source.IsValid() {
 		d.LocalAddr = &net.TCPAddr{IP: source.AsSlice()}
 	}
 	conn, err := d.DialContext(ctx, "tcp", target.String())
+	if dup >= 0 {
+		defer unix.Close(dup)
+	}
 	if err != nil {
-		return classify(err)
+		out := classify(err)
+		if dup >= 0 {
+			if info, ierr := unix.GetsockoptTCPInfo(dup, unix.IPPROTO_TCP, unix.TCP_INFO); ierr == nil {
+				out.SYNRetransmits = int(info.Total_retrans)
+			}
+		}
+		return out
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
@@ -136,7 +162,8 @@ func classify(err error) Outcome {
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
 		return Outcome{Result: Refused, Err: err}
-	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, syscall.EACCES):
 		return Outcome{Result: Unreachable, Err: err}
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, syscall.ETIMEDOUT):

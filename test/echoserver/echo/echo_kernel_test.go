@@ -3,8 +3,9 @@
 package echo
 
 // Conventions: every test runs in the private network namespace netnstest.Main creates, so
-// the server binds 0.0.0.0 and [::] freely. 127.0.0.2 is made to drop everything (an nft
-// input rule) and 10.99.0.0/24 is an unreachable route.
+// the server binds 0.0.0.0 and [::] freely. 127.0.0.2 and fd00:98::2 (on lo) are made to
+// drop everything (an nft input rule); 10.99.0.0/24 and fd00:99::/64 are unreachable
+// routes, 10.98.0.0/24 and fd00:97::/64 prohibited ones.
 
 import (
 	"context"
@@ -58,7 +59,12 @@ func TestProbeClassifiesWhatTheClientReceives(t *testing.T) {
 	run(t, "nft add table inet echotest")
 	run(t, "nft add chain inet echotest input { type filter hook input priority 0 ; }")
 	run(t, "nft add rule inet echotest input ip daddr 127.0.0.2 drop")
+	run(t, "ip addr add fd00:98::2/128 dev lo nodad")
+	run(t, "nft add rule inet echotest input ip6 daddr fd00:98::2 drop")
 	run(t, "ip route add unreachable 10.99.0.0/24")
+	run(t, "ip -6 route add unreachable fd00:99::/64")
+	run(t, "ip route add prohibit 10.98.0.0/24")
+	run(t, "ip -6 route add prohibit fd00:97::/64")
 	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", "echotest").Run() })
 
 	// Only the cases that expect a timeout wait the short time; an answer, a refusal or an
@@ -82,6 +88,15 @@ func TestProbeClassifiesWhatTheClientReceives(t *testing.T) {
 		{"udp to a dropping address times out", UDP, "127.0.0.2:18080", Timeout},
 		{"tcp without a route is unreachable", TCP, "10.99.0.1:18080", Unreachable},
 		{"udp without a route is unreachable", UDP, "10.99.0.1:18080", Unreachable},
+		{"tcp over ipv6 to a closed port is refused", TCP, "[::1]:18081", Refused},
+		{"udp over ipv6 to a closed port is refused", UDP, "[::1]:18081", Refused},
+		{"tcp over ipv6 to a dropping address times out", TCP, "[fd00:98::2]:18080", Timeout},
+		{"udp over ipv6 to a dropping address times out", UDP, "[fd00:98::2]:18080", Timeout},
+		{"tcp over ipv6 without a route is unreachable", TCP, "[fd00:99::1]:18080", Unreachable},
+		{"udp over ipv6 without a route is unreachable", UDP, "[fd00:99::1]:18080", Unreachable},
+		{"tcp to a prohibited destination is unreachable", TCP, "10.98.0.1:18080", Unreachable},
+		{"tcp over ipv6 to a prohibited destination is unreachable", TCP, "[fd00:97::1]:18080", Unreachable},
+		{"udp over ipv6 to a prohibited destination is unreachable", UDP, "[fd00:97::1]:18080", Unreachable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			target := netip.MustParseAddrPort(tc.target)
