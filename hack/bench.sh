@@ -12,7 +12,7 @@
 #      About 2 h 30 min on 2 cores; docs/benchmarks.md says how long each part takes.
 #
 # Needs root. Not part of `make test`. Upstream kube-proxy $KUBE_VERSION is built once from
-# the Go module proxy, the way hack/test-conformance.sh REFERENCE=1 builds it, and cached in
+# the Go module proxy by hack/kube-proxy-reference.sh (as for the conformance suite), and cached in
 # $SLUICE_CACHE/bin (default ~/.cache/sluice/bin), so both are measured on this machine.
 #
 # Environment:
@@ -43,44 +43,6 @@ fi
 OUT="${OUT:-_output/bench/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT" || exit 1
 
-# upstream_kube_proxy prints the path of upstream kube-proxy, building and caching it first
-# if needed: k8s.io/kubernetes cannot be required as it is (its go.mod points the staging
-# modules at ./staging), so a throwaway module requires it and replaces each staging module
-# with its published v0.x release of the same minor.
-upstream_kube_proxy() {
-  local version="${KUBE_VERSION:-v1.37.2}"
-  local bin="${SLUICE_CACHE:-${HOME}/.cache/sluice}/bin/kube-proxy-${version}"
-  if [ -x "$bin" ]; then
-    echo "$bin"
-    return 0
-  fi
-  log "building upstream kube-proxy ${version} from the Go module proxy (first run only, a few minutes)"
-  local work
-  work="$(mktemp -d)"
-  (
-    set -e
-    cd "$work"
-    export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
-    go mod init sluice.local/kube-proxy-bench >/dev/null 2>&1
-    gomod="$(go mod download -json "k8s.io/kubernetes@${version}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
-    staging="v0.${version#v1.}"
-    args=(-require "k8s.io/kubernetes@${version}")
-    for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
-      args+=(-replace "${m}=${m}@${staging}")
-    done
-    go mod edit "${args[@]}"
-    printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-proxy"\n' > tools.go
-    go mod tidy >/dev/null
-    mkdir -p "$(dirname "$bin")"
-    go build -trimpath -ldflags "-s -w" -o "${bin}.tmp.$$" k8s.io/kubernetes/cmd/kube-proxy
-    mv "${bin}.tmp.$$" "$bin"
-  ) >&2
-  local rc=$?
-  rm -rf "$work"
-  [ "$rc" = 0 ] && echo "$bin"
-  return "$rc"
-}
-
 failed=0
 
 if [ "${SKIP_GO_BENCH:-}" != 1 ]; then
@@ -93,7 +55,7 @@ fi
 
 if [ "${SKIP_SCALE:-}" != 1 ]; then
   if [ -z "${KUBE_PROXY:-}" ]; then
-    KUBE_PROXY="$(upstream_kube_proxy)" || { log "building upstream kube-proxy failed"; exit 1; }
+    KUBE_PROXY="$(hack/kube-proxy-reference.sh)" || { log "building upstream kube-proxy failed"; exit 1; }
   fi
   export KUBE_PROXY
   export SLUICE_BIN="${SLUICE_BIN:-$PWD/bin/sluice}" SLUICE_ECHOSERVER="${SLUICE_ECHOSERVER:-$PWD/bin/echoserver}"
