@@ -1,0 +1,63 @@
+package results
+
+// Docs explain each capability of the table: the question, and why a backend answers as
+// it does. The answers themselves come from the runs (capabilities.json); a capability the
+// suite checks must have an entry here (TestEveryCapabilityIsDocumented).
+var Docs = map[string]Doc{
+	"UnusedClusterIPPort": {
+		Question: "pod to a ClusterIP on a port no Service port uses",
+		Why: map[string]string{
+			"iptables": "iptables claims only Service ports; others leave the node by its default route, and the underlay drops them",
+			"nftables": "upstream's `cluster-ips-check` rejects them",
+			"ipvs":     "the ClusterIP is local on `kube-ipvs0`, so the node's own stack or the IPVS filter's reject answers",
+		},
+	},
+	"NoEndpoints": {
+		Question: "pod to a ClusterIP, or external client to a NodePort, of a Service with no serving endpoint",
+		Why: map[string]string{
+			"iptables": "REJECT: ICMP port unreachable; an IPv6 TCP client hears of ICMPv6 errors only at its SYN retransmission (a soft error on the first SYN, Linux 6.18)",
+			"nftables": "`reject`, as iptables",
+			"ipvs":     "REJECT, as iptables",
+		},
+	},
+	"InternalNoLocalEndpoints": {
+		Question: "pod to a ClusterIP with `internalTrafficPolicy: Local`, endpoints exist but none on this node",
+		Why: map[string]string{
+			"iptables": "dropped",
+			"nftables": "dropped",
+			"ipvs":     "a virtual server without real servers, which IPVS answers with ICMP port unreachable",
+		},
+	},
+	"ExternalNoLocalEndpoints": {
+		Question: "external client to a NodePort or LoadBalancer IP with `externalTrafficPolicy: Local`, endpoints exist but none on this node",
+		Why: map[string]string{
+			"iptables": "dropped",
+			"nftables": "dropped",
+			"ipvs":     "dropped by sluice's `KUBE-SLUICE-NO-LOCAL-EPS` firewall rule (upstream's ipvs mode forwards it unmasqueraded into a black hole: differences.yaml)",
+		},
+	},
+	"NodePortOutsideNodePortAddresses": {
+		Question: "external client to a NodePort on a node address outside `nodePortAddresses`",
+		Why: map[string]string{
+			"iptables": "no rule claims it; the node's own stack refuses",
+			"nftables": "no rule claims it; the node's own stack refuses",
+			"ipvs":     "no virtual server on that address; the node's own stack refuses",
+		},
+	},
+	"LocalhostNodePorts": {
+		Question: "NodePort on the node's loopback address, from the node",
+		Why: map[string]string{
+			"iptables": "IPv4 only, with `route_localnet`, as upstream's iptables mode",
+			"nftables": "no localhost NodePorts (upstream's userspace proxy for them is alpha and off)",
+			"ipvs":     "no localhost NodePorts",
+		},
+	},
+	"AffinityHeldByClosedConnections": {
+		Question: "a ClientIP-affine client idle past `timeoutSeconds` after closing its connections",
+		Why: map[string]string{
+			"iptables": "affinity counts from the last new connection",
+			"nftables": "affinity counts from the last new connection",
+			"ipvs":     "an IPVS persistence template lives until the connections it controls leave IPVS's table, where a closed TCP connection stays in TIME_WAIT for a fixed 2 minutes, as in upstream's ipvs mode ([docs/ipvs.md](../../docs/ipvs.md#session-affinity))",
+		},
+	},
+}
