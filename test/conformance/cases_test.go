@@ -3,743 +3,792 @@
 package conformance
 
 import (
-	"bufio"
 	"fmt"
-	"net"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 	"github.com/sluiceproxy/sluice/test/require"
-	"github.com/sluiceproxy/sluice/test/topology"
 )
 
-// A conformance case: a name (run one with -run 'TestConformance/<name>') and a function
-// that builds its Services and asserts on what clients receive, never on rules.
+// A conformance case: a name (run one with -run 'TestConformance/<name>/<variant>') and a
+// function that builds its Services and asserts on what clients receive, never on rules.
 type conformanceCase struct {
 	name string
-	run  func(t *testing.T, e *env)
+	run  func(t *T)
+	// variants are the family variants the case runs in; nil means all three. A case
+	// that is family-specific says so here and in its comment.
+	variants []family
 }
 
 var cases = []conformanceCase{
-	{"ClusterIPFromNodeAndPods", clusterIPFromNodeAndPods},
-	{"NoEndpointsIsRefused", noEndpointsIsRefused},
-	{"RemovedEndpointStopsReceiving", removedEndpointStopsReceiving},
-	{"TerminatingEndpointsOnlyWhenNoReadyOnes", terminatingEndpointsOnlyWhenNoReadyOnes},
-	{"TopologyHintsKeepTrafficInZone", topologyHintsKeepTrafficInZone},
-	{"InternalTrafficPolicyLocal", internalTrafficPolicyLocal},
-	{"NodePortFromExternalIsMasqueraded", nodePortFromExternalIsMasqueraded},
-	{"ExternalTrafficPolicyLocalNodePort", externalTrafficPolicyLocalNodePort},
-	{"LoadBalancerIP", loadBalancerIP},
-	{"LoadBalancerLocalWithHealthCheck", loadBalancerLocalWithHealthCheck},
-	{"LoadBalancerSourceRanges", loadBalancerSourceRanges},
-	{"ExternalIP", externalIP},
-	{"SessionAffinityClientIP", sessionAffinityClientIP},
-	{"UDPFlowFollowsReplacedBackend", udpFlowFollowsReplacedBackend},
-	{"HairpinPodReachesItself", hairpinPodReachesItself},
-	{"SCTPClusterIPAndNodePort", sctpClusterIPAndNodePort},
-	{"UnusedClusterIPPort", unusedClusterIPPort},
-	{"LocalhostNodePort", localhostNodePort},
-	{"DeletedServiceStopsAnswering", deletedServiceStopsAnswering},
-	{"ServicePortChange", servicePortChange},
-	{"EndpointsAcrossSlices", endpointsAcrossSlices},
-	{"LocalPolicyDoesNotApplyToClusterClients", localPolicyDoesNotApplyToClusterClients},
-	{"UDPFlowRecoversWhenEndpointsAppear", udpFlowRecoversWhenEndpointsAppear},
-	{"LocalPolicyDrainsLocalTerminatingEndpoints", localPolicyDrainsLocalTerminatingEndpoints},
+	{name: "ClusterIPFromNodeAndPods", run: clusterIPFromNodeAndPods},
+	{name: "NoEndpointsIsRefused", run: noEndpointsIsRefused},
+	{name: "RemovedEndpointStopsReceiving", run: removedEndpointStopsReceiving},
+	{name: "TerminatingEndpointsOnlyWhenNoReadyOnes", run: terminatingEndpointsOnlyWhenNoReadyOnes},
+	{name: "TopologyHintsKeepTrafficInZone", run: topologyHintsKeepTrafficInZone},
+	{name: "InternalTrafficPolicyLocal", run: internalTrafficPolicyLocal},
+	{name: "NodePortFromExternalIsMasqueraded", run: nodePortFromExternalIsMasqueraded},
+	{name: "NodePortAddressesRestrictNodePorts", run: nodePortAddressesRestrictNodePorts},
+	{name: "ExternalTrafficPolicyLocalNodePort", run: externalTrafficPolicyLocalNodePort},
+	{name: "LoadBalancerIP", run: loadBalancerIP},
+	{name: "LoadBalancerLocalWithHealthCheck", run: loadBalancerLocalWithHealthCheck},
+	{name: "LoadBalancerSourceRanges", run: loadBalancerSourceRanges},
+	{name: "LoadBalancerSourceRangesSpareNodePorts", run: loadBalancerSourceRangesSpareNodePorts},
+	{name: "ExternalIP", run: externalIP},
+	{name: "PodToExternalIP", run: podToExternalIP},
+	{name: "SessionAffinityClientIP", run: sessionAffinityClientIP},
+	{name: "UDPFlowFollowsReplacedBackend", run: udpFlowFollowsReplacedBackend},
+	{name: "HairpinPodReachesItself", run: hairpinPodReachesItself},
+	{name: "SCTPClusterIPAndNodePort", run: sctpClusterIPAndNodePort},
+	{name: "UnusedClusterIPPort", run: unusedClusterIPPort},
+	{name: "LocalhostNodePort", run: localhostNodePort, variants: []family{ipv4Only, ipv6Only}},
+	{name: "DeletedServiceStopsAnswering", run: deletedServiceStopsAnswering},
+	{name: "ServicePortChange", run: servicePortChange},
+	{name: "EndpointsAcrossSlices", run: endpointsAcrossSlices},
+	{name: "LocalPolicyDoesNotApplyToClusterClients", run: localPolicyDoesNotApplyToClusterClients},
+	{name: "UDPFlowRecoversWhenEndpointsAppear", run: udpFlowRecoversWhenEndpointsAppear},
+	{name: "LocalPolicyDrainsLocalTerminatingEndpoints", run: localPolicyDrainsLocalTerminatingEndpoints},
 }
 
-// disruptiveCases restart sluice or the apiserver, which every case depends on: they run
-// alone, before the others.
+// disruptiveCases stop a proxy or the apiserver, which every case depends on: they run
+// alone, before the others, each checking Services of every family variant across one
+// disruption.
 var disruptiveCases = []conformanceCase{
-	{"ProxyRestartKeepsTrafficFlowing", proxyRestartKeepsTrafficFlowing},
-	{"APIServerOutageKeepsTrafficFlowing", apiServerOutageKeepsTrafficFlowing},
+	{name: "ProxyRestartKeepsTrafficFlowing", run: proxyRestartKeepsTrafficFlowing},
+	{name: "APIServerOutageKeepsTrafficFlowing", run: apiServerOutageKeepsTrafficFlowing},
+	{name: "ServiceDeletedWhileProxyDown", run: serviceDeletedWhileProxyDown},
+	{name: "DeletesMissedInAWatchGap", run: deletesMissedInAWatchGap},
 }
 
 // TestConformance builds the environment once and runs every case against it: the
-// disruptive ones one by one, then the others in parallel (each case owns its namespace,
-// Services and virtual IPs).
+// disruptive ones one by one, then the others in parallel, each in every family variant
+// (each case and variant owns its namespace, Services and virtual IPs).
 func TestConformance(t *testing.T) {
 	e := setup(t)
 	for _, c := range disruptiveCases {
-		t.Run(c.name, func(t *testing.T) {
-			e.dumpOnFailure(t)
-			c.run(t, e)
-		})
+		t.Run(c.name, func(t *testing.T) { runCase(t, e, c.name, allFamilies, c.run) })
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			e.dumpOnFailure(t)
-			c.run(t, e)
+			variants := c.variants
+			if variants == nil {
+				variants = familyVariants
+			}
+			for _, f := range variants {
+				t.Run(f.name, func(t *testing.T) {
+					t.Parallel()
+					runCase(t, e, c.name, f, c.run)
+				})
+			}
 		})
 	}
 }
 
-// pods returns the topology's pods a0, a1, b0, b1.
-func (e *env) pods() (a0, a1, b0, b1 *topology.Pod) {
-	return e.topo.Pod("a0"), e.topo.Pod("a1"), e.topo.Pod("b0"), e.topo.Pod("b1")
+// Outcomes the cases expect.
+const (
+	timeout = "timeout"
+	refused = "refused"
+	// refusedLate is a refusal a TCP client learns of only when it sends its SYN again
+	// (see echo.Outcome.SYNRetransmits): an ICMPv6 error on the first SYN is a soft error.
+	refusedLate = "refused after a SYN retransmission"
+)
+
+var (
+	// refusals are the outcomes a refused client can see.
+	refusals = []string{refused, refusedLate}
+	// notAnswered are the outcomes of a client that gets no answer: a refusal or silence.
+	notAnswered = []string{refused, refusedLate, timeout}
+)
+
+// service creates a Service named name in the case's own namespace and family variant.
+func (t *T) service(name string, typ corev1.ServiceType, ports ...corev1.ServicePort) *corev1.Service {
+	return t.serviceIn(t.fam, name, typ, ports...)
 }
 
-func (e *env) nodes() (nodeA, nodeB *topology.Node) { return e.topo.Nodes[0], e.topo.Nodes[1] }
+// serviceIn creates a Service in another variant (disruptive cases cover them all), in a
+// namespace of its own.
+func (t *T) serviceIn(f family, name string, typ corev1.ServiceType, ports ...corev1.ServicePort) *corev1.Service {
+	return t.e.createService(t, f, service(t.e.namespace(t), name, typ, ports...))
+}
 
-// externalV4 is the external client's k-th IPv4 address.
-func (e *env) externalV4(k int) netip.Addr {
-	var v4 []netip.Addr
-	for _, a := range e.topo.ExternalIPs {
-		if a.Is4() {
-			v4 = append(v4, a)
+// shape adjusts a Service before it is created.
+func (t *T) serviceWith(name string, typ corev1.ServiceType, shape func(*corev1.Service), ports ...corev1.ServicePort) *corev1.Service {
+	s := service(t.e.namespace(t), name, typ, ports...)
+	shape(s)
+	return t.e.createService(t, t.fam, s)
+}
+
+func (t *T) endpoints(svc *corev1.Service, eps ...endpoint) { t.e.setEndpoints(t, svc, eps...) }
+
+var (
+	httpPort = port("http", corev1.ProtocolTCP, 80)
+	dnsPort  = port("dns", corev1.ProtocolUDP, 53)
+)
+
+// concat joins target lists.
+func concat(lists ...[]target) []target {
+	var out []target
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// masqueradedBy says which address of node a pod sees a masqueraded client as: the pod
+// bridge's when the pod is on that node, else the node's underlay address (MASQUERADE
+// takes the address of the interface the packet leaves by).
+func masqueradedBy(node string, pods ...string) map[string]string {
+	out := map[string]string{}
+	for _, p := range pods {
+		if strings.HasSuffix(node, "-"+p[:1]) {
+			out[p] = node + "/cbr0"
+		} else {
+			out[p] = node + "/eth0"
 		}
 	}
-	return v4[k]
+	return out
+}
+
+// seenAs says that every pod sees the client as the same address.
+func seenAs(name string, pods ...string) map[string]string {
+	out := map[string]string{}
+	for _, p := range pods {
+		out[p] = name
+	}
+	return out
 }
 
 // Every ready endpoint answers a ClusterIP, over TCP and UDP, from the node itself, from a
 // pod on the same node and from a pod on the other node; pods keep their own source
 // address (no masquerading for traffic from the cluster CIDR).
-func clusterIPFromNodeAndPods(t *testing.T, e *env) {
-	a0, a1, b0, b1 := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "web", corev1.ServiceTypeClusterIP,
-		port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	for _, fam := range e.families {
-		ip := clusterIP(t, svc, fam)
-		for _, sp := range svc.Spec.Ports {
-			target, proto := at(ip, sp.Port), protoOf(sp.Protocol)
-			e.expectBackends(t, from(&nodeA.Host), proto, target, "a0", "b0")
-			r := e.expectBackends(t, from(&a1.Host), proto, target, "a0", "b0")
-			expectSources(t, "a1 (same node)", r, familyAddr(&a1.Host, fam))
-			r = e.expectBackends(t, from(&b1.Host), proto, target, "a0", "b0")
-			expectSources(t, "b1 (other node)", r, familyAddr(&b1.Host, fam))
-		}
+func clusterIPFromNodeAndPods(t *T) {
+	svc := t.service("web", corev1.ServiceTypeClusterIP, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, p := range []string{"http", "dns"} {
+		tgs := clusterIPs(t, svc, p)
+		t.expectBackends(from("node-a"), tgs, "a0", "b0")
+		t.expectSeenAs(from("a1"), tgs, seenAs("a1", "a0", "b0"))
+		t.expectSeenAs(from("b1"), tgs, seenAs("b1", "a0", "b0"))
 	}
 }
 
-// A Service whose endpoints all went away refuses connections (TCP RST / ICMP port
-// unreachable) instead of letting clients time out, for its ClusterIP and its NodePort.
-func noEndpointsIsRefused(t *testing.T, e *env) {
-	a0, _, _, b1 := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "empty", corev1.ServiceTypeNodePort,
-		port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53)))
-	// First prove the Service is programmed, so that a refusal below is sluice's and not
-	// an unprogrammed address's.
-	e.setEndpoints(t, svc, ready(a0))
-	ip := clusterIP(t, svc, corev1.IPv4Protocol)
-	http, dns := svcPort(t, svc, "http"), svcPort(t, svc, "dns")
-	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, http.Port), "a0")
-	e.expectBackends(t, from(e.topo.External), echo.TCP, at(nodeA.IPv4, http.NodePort), "a0")
+// A Service whose endpoints all went away refuses connections (TCP RST or ICMP port
+// unreachable) instead of letting clients time out, for its ClusterIP and its NodePort
+// (capability NoEndpoints: how the refusal reaches a TCP client depends on the family).
+func noEndpointsIsRefused(t *T) {
+	svc := t.service("empty", corev1.ServiceTypeNodePort, httpPort, dnsPort)
+	// First prove the Service is programmed, so that a refusal below is the proxy's and
+	// not an unprogrammed address's.
+	t.endpoints(svc, ready("a0"))
+	t.expectBackends(from("b1"), clusterIPs(t, svc, "http"), "a0")
+	t.expectBackends(from("external"), t.e.nodePorts(t, svc, "http", "node-a"), "a0")
 
-	e.setEndpoints(t, svc)
-	e.expectResult(t, from(&b1.Host), echo.TCP, at(ip, http.Port), echo.Refused)
-	e.expectResult(t, from(&b1.Host), echo.UDP, at(ip, dns.Port), echo.Refused)
-	e.expectResult(t, from(e.topo.External), echo.TCP, at(nodeA.IPv4, http.NodePort), echo.Refused)
-	e.expectResult(t, from(e.topo.External), echo.UDP, at(nodeA.IPv4, dns.NodePort), echo.Refused)
+	t.endpoints(svc)
+	for _, p := range []string{"http", "dns"} {
+		t.expectCapability("NoEndpoints", refusals, from("b1"), clusterIPs(t, svc, p))
+		t.expectCapability("NoEndpoints", refusals, from("external"), t.e.nodePorts(t, svc, p, "node-a"))
+	}
 }
 
 // An endpoint removed from the EndpointSlice stops receiving new connections.
-func removedEndpointStopsReceiving(t *testing.T, e *env) {
-	a0, a1, b0, b1 := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "shrink", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.setEndpoints(t, svc, ready(a0), ready(a1), ready(b0))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "a1", "b0")
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "b0")
+func removedEndpointStopsReceiving(t *T) {
+	svc := t.service("shrink", corev1.ServiceTypeClusterIP, httpPort)
+	tgs := clusterIPs(t, svc, "http")
+	t.endpoints(svc, ready("a0"), ready("a1"), ready("b0"))
+	t.expectBackends(from("b1"), tgs, "a0", "a1", "b0")
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	t.expectBackends(from("b1"), tgs, "a0", "b0")
 }
 
 // Terminating-but-serving endpoints are used only when no ready endpoint is left; when
-// nothing is serving, the Service refuses.
-func terminatingEndpointsOnlyWhenNoReadyOnes(t *testing.T, e *env) {
-	a0, a1, b0, _ := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "rollout", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.setEndpoints(t, svc, ready(a0), terminating(b0, true))
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0")
-	e.setEndpoints(t, svc, terminating(a0, false), terminating(b0, true))
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "b0")
-	e.setEndpoints(t, svc, terminating(a0, false), terminating(b0, false))
-	e.expectResult(t, from(&a1.Host), echo.TCP, target, echo.Refused)
+// nothing is serving, the Service refuses like one without endpoints.
+func terminatingEndpointsOnlyWhenNoReadyOnes(t *T) {
+	svc := t.service("rollout", corev1.ServiceTypeClusterIP, httpPort)
+	tgs := clusterIPs(t, svc, "http")
+	t.endpoints(svc, ready("a0"), terminating("b0", true))
+	t.expectBackends(from("a1"), tgs, "a0")
+	t.endpoints(svc, terminating("a0", false), terminating("b0", true))
+	t.expectBackends(from("a1"), tgs, "b0")
+	t.endpoints(svc, terminating("a0", false), terminating("b0", false))
+	t.expectCapability("NoEndpoints", refusals, from("a1"), tgs)
 }
 
 // When every endpoint has zone hints, a node uses only the endpoints hinted for its zone;
 // as soon as one endpoint lacks hints, all endpoints are used again.
-func topologyHintsKeepTrafficInZone(t *testing.T, e *env) {
-	a0, a1, b0, b1 := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "zonal", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.setEndpoints(t, svc, ready(a0).hinted("zone-a"), ready(a1).hinted("zone-a"), ready(b0).hinted("zone-b"))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "b0")
-	e.expectBackends(t, from(&nodeA.Host), echo.TCP, target, "a0", "a1")
-	e.setEndpoints(t, svc, ready(a0).hinted("zone-a"), ready(a1).hinted("zone-a"), ready(b0))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "a1", "b0")
+func topologyHintsKeepTrafficInZone(t *T) {
+	svc := t.service("zonal", corev1.ServiceTypeClusterIP, httpPort)
+	tgs := clusterIPs(t, svc, "http")
+	t.endpoints(svc, ready("a0").hinted("zone-a"), ready("a1").hinted("zone-a"), ready("b0").hinted("zone-b"))
+	t.expectBackends(from("b1"), tgs, "b0")
+	t.expectBackends(from("node-a"), tgs, "a0", "a1")
+	t.endpoints(svc, ready("a0").hinted("zone-a"), ready("a1").hinted("zone-a"), ready("b0"))
+	t.expectBackends(from("b1"), tgs, "a0", "a1", "b0")
 }
 
 // internalTrafficPolicy: Local sends pods only to endpoints on their own node, and a node
-// without local endpoints gets nothing (see capabilities.InternalNoLocalEndpoints).
-func internalTrafficPolicyLocal(t *testing.T, e *env) {
-	a0, a1, b0, b1 := e.pods()
-	s := service(e.namespace(t), "node-local", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53))
-	s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
-	svc := e.createService(t, s)
-	ip := clusterIP(t, svc, corev1.IPv4Protocol)
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	for _, proto := range []echo.Protocol{echo.TCP, echo.UDP} {
-		target := at(ip, 80)
-		if proto == echo.UDP {
-			target = at(ip, 53)
-		}
-		e.expectBackends(t, from(&a1.Host), proto, target, "a0")
-		e.expectBackends(t, from(&b1.Host), proto, target, "b0")
+// without local endpoints gets nothing (capability InternalNoLocalEndpoints).
+func internalTrafficPolicyLocal(t *T) {
+	svc := t.serviceWith("node-local", corev1.ServiceTypeClusterIP, func(s *corev1.Service) {
+		s.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+	}, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, p := range []string{"http", "dns"} {
+		t.expectBackends(from("a1"), clusterIPs(t, svc, p), "a0")
+		t.expectBackends(from("b1"), clusterIPs(t, svc, p), "b0")
 	}
-	e.setEndpoints(t, svc, ready(b0))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 80), "b0")
-	e.expectResult(t, from(&a1.Host), echo.TCP, at(ip, 80), e.caps.InternalNoLocalEndpoints...)
-	e.expectResult(t, from(&a1.Host), echo.UDP, at(ip, 53), e.caps.InternalNoLocalEndpoints...)
+	t.endpoints(svc, ready("b0"))
+	t.expectBackends(from("b1"), clusterIPs(t, svc, "http"), "b0")
+	for _, p := range []string{"http", "dns"} {
+		t.expectCapability("InternalNoLocalEndpoints", notAnswered, from("a1"), clusterIPs(t, svc, p))
+	}
 }
 
 // A NodePort (externalTrafficPolicy Cluster) answers on every node, from the external
 // client and from the node itself, with every endpoint; the external client's address is
-// masqueraded to an address of the node it reached.
-func nodePortFromExternalIsMasqueraded(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "np", corev1.ServiceTypeNodePort,
-		port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	for _, fam := range e.families {
-		for _, n := range e.topo.Nodes {
-			for _, sp := range svc.Spec.Ports {
-				target, proto := at(familyAddr(&n.Host, fam), sp.NodePort), protoOf(sp.Protocol)
-				r := e.expectBackends(t, from(e.topo.External), proto, target, "a0", "b0")
-				expectSources(t, "external via "+n.Name, r, nodeAddrs(n)...)
-				e.expectBackends(t, from(&n.Host), proto, target, "a0", "b0")
-			}
+// masqueraded to the address of the receiving node that faces the endpoint.
+func nodePortFromExternalIsMasqueraded(t *T) {
+	svc := t.service("np", corev1.ServiceTypeNodePort, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, node := range []string{"node-a", "node-b"} {
+		for _, p := range []string{"http", "dns"} {
+			tgs := t.e.nodePorts(t, svc, p, node)
+			t.expectSeenAs(from("external"), tgs, masqueradedBy(node, "a0", "b0"))
+			t.expectBackends(from(node), tgs, "a0", "b0")
 		}
+	}
+}
+
+// nodePortAddresses restricts NodePorts to the node addresses in its CIDRs (the suite's
+// proxies have the primary underlay subnets and loopback): a NodePort answers on a node's
+// primary address, but not on its secondary one, outside the CIDRs, where the node's own
+// stack answers (capability NodePortOutsideNodePortAddresses).
+func nodePortAddressesRestrictNodePorts(t *T) {
+	svc := t.service("np-addresses", corev1.ServiceTypeNodePort, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, p := range []string{"http", "dns"} {
+		t.expectBackends(from("external"), t.e.nodePorts(t, svc, p, "node-a"), "a0", "b0")
+		t.expectCapability("NodePortOutsideNodePortAddresses", notAnswered, from("external"), t.e.secondaryNodePorts(t, svc, p, "node-a"))
 	}
 }
 
 // externalTrafficPolicy: Local on a NodePort: each node sends only to its own endpoints
 // and the pod sees the external client's real address; a node without local endpoints
-// gets nothing (capabilities.ExternalNoLocalEndpoints) while the other keeps answering.
-func externalTrafficPolicyLocalNodePort(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	nodeA, nodeB := e.nodes()
-	s := service(e.namespace(t), "np-local", corev1.ServiceTypeNodePort, port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53))
-	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	svc := e.createService(t, s)
-	http, dns := svcPort(t, svc, "http"), svcPort(t, svc, "dns")
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	ext := e.externalV4(0)
-	for _, np := range []int32{http.NodePort, dns.NodePort} {
-		proto := echo.TCP
-		if np == dns.NodePort {
-			proto = echo.UDP
-		}
-		r := e.expectBackends(t, from(e.topo.External), proto, at(nodeA.IPv4, np), "a0")
-		expectSources(t, "external via node-a", r, ext)
-		r = e.expectBackends(t, from(e.topo.External), proto, at(nodeB.IPv4, np), "b0")
-		expectSources(t, "external via node-b", r, ext)
+// gets nothing (capability ExternalNoLocalEndpoints) while the other keeps answering.
+func externalTrafficPolicyLocalNodePort(t *T) {
+	svc := t.serviceWith("np-local", corev1.ServiceTypeNodePort, func(s *corev1.Service) {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, p := range []string{"http", "dns"} {
+		t.expectSeenAs(from("external"), t.e.nodePorts(t, svc, p, "node-a"), seenAs("external", "a0"))
+		t.expectSeenAs(from("external"), t.e.nodePorts(t, svc, p, "node-b"), seenAs("external", "b0"))
 	}
-	e.setEndpoints(t, svc, ready(b0))
-	e.expectBackends(t, from(e.topo.External), echo.TCP, at(nodeB.IPv4, http.NodePort), "b0")
-	e.expectResult(t, from(e.topo.External), echo.TCP, at(nodeA.IPv4, http.NodePort), e.caps.ExternalNoLocalEndpoints...)
-	e.expectResult(t, from(e.topo.External), echo.UDP, at(nodeA.IPv4, dns.NodePort), e.caps.ExternalNoLocalEndpoints...)
+	t.endpoints(svc, ready("b0"))
+	t.expectBackends(from("external"), t.e.nodePorts(t, svc, "http", "node-b"), "b0")
+	for _, p := range []string{"http", "dns"} {
+		t.expectCapability("ExternalNoLocalEndpoints", notAnswered, from("external"), t.e.nodePorts(t, svc, p, "node-a"))
+	}
 }
 
 // A LoadBalancer ingress IP (status patched by the test, routed by the external client to
-// a node) reaches every endpoint through whichever node receives it.
-func loadBalancerIP(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	nodeA, nodeB := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "lb", corev1.ServiceTypeLoadBalancer,
-		port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	lb := e.vip(t, "192.0.2", nodeA)
-	e.setLoadBalancerIngress(t, svc, lb)
-	for _, via := range []*topology.Node{nodeA, nodeB} {
-		e.routeVIP(t, lb, via)
-		for _, sp := range svc.Spec.Ports {
-			r := e.expectBackends(t, from(e.topo.External), protoOf(sp.Protocol), at(lb, sp.Port), "a0", "b0")
-			expectSources(t, "external via "+via.Name, r, nodeAddrs(via)...)
+// a node) reaches every endpoint through whichever node receives it, masqueraded.
+func loadBalancerIP(t *T) {
+	svc := t.service("lb", corev1.ServiceTypeLoadBalancer, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
+	t.e.setLoadBalancerIngress(t, svc, lbs...)
+	for _, via := range []string{"node-a", "node-b"} {
+		for _, a := range lbs {
+			t.e.routeVIP(t, a, via)
 		}
+		for _, p := range []string{"http", "dns"} {
+			t.expectSeenAs(from("external"), vipTargets(t, loadBalancerVIP, lbs, svc, p), masqueradedBy(via, "a0", "b0"))
+		}
+	}
+}
+
+// healthCheck is the check that the Service's healthCheckNodePort on node answers code,
+// over each family of the Service.
+func (t *T) expectHealthCheck(svc *corev1.Service, node string, code int) {
+	t.Helper()
+	if svc.Spec.HealthCheckNodePort == 0 {
+		t.Fatal("the apiserver allocated no healthCheckNodePort")
+	}
+	for _, tg := range t.e.nodePorts(t, svc, svc.Spec.Ports[0].Name, node) {
+		url := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(tg.addr.Addr(), uint16(svc.Spec.HealthCheckNodePort)))
+		t.run(check{
+			what: fmt.Sprintf("external -> %s healthCheckNodePort %s", node, tg.fam()),
+			want: []string{fmt.Sprintf("HTTP %d", code)},
+			observe: func(cl *cluster) string {
+				got, err := httpGet(cl.topo.External, url)
+				if err != nil {
+					return "error: " + err.Error()
+				}
+				return fmt.Sprintf("HTTP %d", got)
+			},
+		})
 	}
 }
 
 // A LoadBalancer with externalTrafficPolicy Local: the receiving node uses only its own
 // endpoints and preserves the client address, and its healthCheckNodePort tells the
 // load balancer which nodes have local endpoints (200) and which do not (503).
-func loadBalancerLocalWithHealthCheck(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	nodeA, nodeB := e.nodes()
-	s := service(e.namespace(t), "lb-local", corev1.ServiceTypeLoadBalancer, port("http", corev1.ProtocolTCP, 80))
-	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	svc := e.createService(t, s)
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	lb := e.vip(t, "192.0.2", nodeA)
-	svc = e.setLoadBalancerIngress(t, svc, lb)
-	ext := e.externalV4(0)
-	r := e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "a0")
-	expectSources(t, "external via node-a", r, ext)
-	e.routeVIP(t, lb, nodeB)
-	r = e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "b0")
-	expectSources(t, "external via node-b", r, ext)
+func loadBalancerLocalWithHealthCheck(t *T) {
+	svc := t.serviceWith("lb-local", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}, httpPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
+	svc = t.e.setLoadBalancerIngress(t, svc, lbs...)
+	tgs := vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+	t.expectSeenAs(from("external"), tgs, seenAs("external", "a0"))
+	for _, a := range lbs {
+		t.e.routeVIP(t, a, "node-b")
+	}
+	t.expectSeenAs(from("external"), tgs, seenAs("external", "b0"))
 
-	if svc.Spec.HealthCheckNodePort == 0 {
-		t.Fatal("the apiserver allocated no healthCheckNodePort")
-	}
-	e.setEndpoints(t, svc, ready(a0))
-	health := func(n *topology.Node) string {
-		return fmt.Sprintf("http://%s/healthz", at(n.IPv4, svc.Spec.HealthCheckNodePort))
-	}
-	for n, want := range map[*topology.Node]int{nodeA: 200, nodeB: 503} {
-		e.eventually(t, fmt.Sprintf("%s answers %d", health(n), want), func() error {
-			code, err := httpGet(e.topo.External, health(n))
-			if err != nil {
-				return err
-			}
-			if code != want {
-				return fmt.Errorf("status %d", code)
-			}
-			return nil
-		})
-	}
-	e.expectResult(t, from(e.topo.External), echo.TCP, at(lb, 80), e.caps.ExternalNoLocalEndpoints...)
+	t.endpoints(svc, ready("a0"))
+	t.expectHealthCheck(svc, "node-a", 200)
+	t.expectHealthCheck(svc, "node-b", 503)
+	t.expectCapability("ExternalNoLocalEndpoints", notAnswered, from("external"), tgs)
 }
 
 // With externalTrafficPolicy Local, a node whose local endpoints are all terminating but
 // still serving keeps sending external traffic to them rather than dropping it (local and
 // cluster endpoints fall back independently), while its healthCheckNodePort already
 // answers 503, so the load balancer drains the node.
-func localPolicyDrainsLocalTerminatingEndpoints(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	nodeA, nodeB := e.nodes()
-	s := service(e.namespace(t), "lb-drain", corev1.ServiceTypeLoadBalancer, port("http", corev1.ProtocolTCP, 80))
-	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	svc := e.createService(t, s)
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	lb := e.vip(t, "192.0.2", nodeA)
-	svc = e.setLoadBalancerIngress(t, svc, lb)
-	e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "a0")
+func localPolicyDrainsLocalTerminatingEndpoints(t *T) {
+	svc := t.serviceWith("lb-drain", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}, httpPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
+	svc = t.e.setLoadBalancerIngress(t, svc, lbs...)
+	tgs := vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+	t.expectBackends(from("external"), tgs, "a0")
 
-	e.setEndpoints(t, svc, terminating(a0, true), ready(b0))
-	health := fmt.Sprintf("http://%s/healthz", at(nodeA.IPv4, svc.Spec.HealthCheckNodePort))
-	e.eventually(t, health+" answers 503 once a0 terminates", func() error {
-		code, err := httpGet(e.topo.External, health)
-		if err != nil {
-			return err
-		}
-		if code != 503 {
-			return fmt.Errorf("status %d", code)
-		}
-		return nil
-	})
-	e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "a0")
-	e.expectBackends(t, from(e.topo.External), echo.TCP, at(nodeB.IPv4, svcPort(t, svc, "http").NodePort), "b0")
+	t.endpoints(svc, terminating("a0", true), ready("b0"))
+	t.expectHealthCheck(svc, "node-a", 503)
+	t.expectBackends(from("external"), tgs, "a0")
+	t.expectBackends(from("external"), t.e.nodePorts(t, svc, "http", "node-b"), "b0")
+}
+
+// sourceRanges allows the external client's primary address of each family of svc.
+func (t *T) sourceRanges(s *corev1.Service) {
+	topo := t.e.clusters[0].topo
+	for _, f := range t.fam.families {
+		a := familyAddr(topo.External, f)
+		s.Spec.LoadBalancerSourceRanges = append(s.Spec.LoadBalancerSourceRanges, netip.PrefixFrom(a, a.BitLen()).String())
+	}
 }
 
 // loadBalancerSourceRanges admit the listed sources and drop every other one.
-func loadBalancerSourceRanges(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	nodeA, _ := e.nodes()
-	allowed, other := e.externalV4(0), e.externalV4(1)
-	s := service(e.namespace(t), "lb-ranges", corev1.ServiceTypeLoadBalancer, port("http", corev1.ProtocolTCP, 80))
-	s.Spec.LoadBalancerSourceRanges = []string{netip.PrefixFrom(allowed, 32).String()}
-	svc := e.createService(t, s)
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	lb := e.vip(t, "192.0.2", nodeA)
-	e.setLoadBalancerIngress(t, svc, lb)
-	c := from(e.topo.External)
-	c.source = allowed
-	e.expectBackends(t, c, echo.TCP, at(lb, 80), "a0", "b0")
-	c.source = other
-	e.expectResult(t, c, echo.TCP, at(lb, 80), echo.Timeout)
+func loadBalancerSourceRanges(t *T) {
+	svc := t.serviceWith("lb-ranges", corev1.ServiceTypeLoadBalancer, t.sourceRanges, httpPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
+	t.e.setLoadBalancerIngress(t, svc, lbs...)
+	tgs := vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+	t.expectBackends(from("external").via("external"), tgs, "a0", "b0")
+	t.expectResult(from("external").via("external-2"), tgs, timeout)
 }
 
-// spec.externalIPs are served to the external client like a ClusterIP, through the node
-// the address is routed to.
-func externalIP(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	_, nodeB := e.nodes()
-	ip := e.vip(t, "198.51.100", nodeB)
-	s := service(e.namespace(t), "extip", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53))
-	s.Spec.ExternalIPs = []string{ip.String()}
-	svc := e.createService(t, s)
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	for _, sp := range svc.Spec.Ports {
-		e.expectBackends(t, from(e.topo.External), protoOf(sp.Protocol), at(ip, sp.Port), "a0", "b0")
+// loadBalancerSourceRanges restrict the load balancer IPs only: the Service's NodePorts
+// answer every source, as upstream documents (NodePorts are not subject to
+// loadBalancerSourceRanges).
+func loadBalancerSourceRangesSpareNodePorts(t *T) {
+	svc := t.serviceWith("lb-ranges-np", corev1.ServiceTypeLoadBalancer, t.sourceRanges, httpPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
+	t.e.setLoadBalancerIngress(t, svc, lbs...)
+	t.expectBackends(from("external").via("external"), vipTargets(t, loadBalancerVIP, lbs, svc, "http"), "a0", "b0")
+	for _, node := range []string{"node-a", "node-b"} {
+		t.expectBackends(from("external").via("external-2"), t.e.nodePorts(t, svc, "http", node), "a0", "b0")
 	}
 }
 
-// sessionAffinity ClientIP pins a client to one endpoint; once the client has been idle
-// for timeoutSeconds, it may land elsewhere.
-func sessionAffinityClientIP(t *testing.T, e *env) {
-	const timeoutSeconds = 2
-	a0, a1, b0, b1 := e.pods()
-	s := service(e.namespace(t), "sticky", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80))
-	s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
-	s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](timeoutSeconds)}}
-	svc := e.createService(t, s)
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.setEndpoints(t, svc, ready(a0), ready(a1), ready(b0))
-	c := from(&b1.Host)
-
-	var pinned string
-	e.eventually(t, "b1 pinned to one endpoint for 20 connections", func() error {
-		pinned = ""
-		for i := range 20 {
-			out := c.probe(echo.TCP, target, 0)
-			if out.Result != echo.Answered {
-				return fmt.Errorf("try %d: %s", i, out)
-			}
-			if pinned == "" {
-				pinned = out.Reply.Pod
-			} else if out.Reply.Pod != pinned {
-				return fmt.Errorf("try %d: answered by %s after %s", i, out.Reply.Pod, pinned)
-			}
+// spec.externalIPs are served to the external client through the node the address is
+// routed to, masqueraded to that node's address facing the endpoint.
+func externalIP(t *T) {
+	svc := t.service("extip", corev1.ServiceTypeClusterIP, httpPort, dnsPort)
+	ips := t.e.vips(t, externalVIP, svc, "node-b")
+	svc = t.e.updateService(t, svc, func(s *corev1.Service) {
+		for _, a := range ips {
+			s.Spec.ExternalIPs = append(s.Spec.ExternalIPs, a.String())
 		}
+	})
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, p := range []string{"http", "dns"} {
+		t.expectSeenAs(from("external"), vipTargets(t, externalVIP, ips, svc, p), masqueradedBy("node-b", "a0", "b0"))
+	}
+}
+
+// A pod reaches a Service's external IP through its own node, as it would from outside
+// the cluster: every endpoint answers, and sees the pod masqueraded to its node's address
+// facing the endpoint.
+func podToExternalIP(t *T) {
+	svc := t.service("pod-extip", corev1.ServiceTypeClusterIP, httpPort, dnsPort)
+	ips := t.e.vips(t, externalVIP, svc, "node-b")
+	svc = t.e.updateService(t, svc, func(s *corev1.Service) {
+		for _, a := range ips {
+			s.Spec.ExternalIPs = append(s.Spec.ExternalIPs, a.String())
+		}
+	})
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	for _, p := range []string{"http", "dns"} {
+		t.expectSeenAs(from("a1"), vipTargets(t, externalVIP, ips, svc, p), masqueradedBy("node-a", "a0", "b0"))
+	}
+}
+
+// The ClientIP affinity settings of SessionAffinityClientIP: timeoutSeconds, how long an
+// idle period below it lasts, how many of them, and how many idle periods past it show
+// that the affinity is still held.
+const (
+	affinityTimeout   = 6 * time.Second
+	affinityBelow     = affinityTimeout - 1500*time.Millisecond
+	affinityBelowRuns = 3
+	affinityPast      = affinityTimeout + 1500*time.Millisecond
+	affinityPastRuns  = 8
+)
+
+// ipvsTCPTimeWait is IPVS's fixed TIME_WAIT timeout for TCP connections (2 minutes,
+// net/netfilter/ipvs/ip_vs_proto_tcp.c); ipvsadm --set changes only established, FIN_WAIT
+// and UDP. An IPVS persistence template lives until the connections it controls have left
+// IPVS's table.
+const ipvsTCPTimeWait = 2 * time.Minute
+
+// sessionAffinity ClientIP pins a client to one endpoint for its whole timeout: after
+// idle periods just below timeoutSeconds it is still on the same pod, and once idle for
+// longer it lands on the endpoints at random again. Where closed connections hold the
+// affinity (capability AffinityHeldByClosedConnections: IPVS keeps a closed connection in
+// TIME_WAIT for two minutes, and its persistence template with it), a client stays
+// pinned through every idle period past timeoutSeconds, and moves only once it has been
+// idle for that long too.
+func sessionAffinityClientIP(t *T) {
+	svc := t.serviceWith("sticky", corev1.ServiceTypeClusterIP, func(s *corev1.Service) {
+		s.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+		s.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{
+			TimeoutSeconds: ptr.To(int32(affinityTimeout / time.Second)),
+		}}
+	}, httpPort)
+	// Four endpoints, so that a client that is not pinned any more stays on its pod
+	// through affinityPastRuns idle periods by chance with probability 4^-8.
+	t.endpoints(svc, ready("a0"), ready("a1"), ready("b0"), ready("b1"))
+	c := from("node-a")
+	tgs := clusterIPs(t, svc, "http")
+
+	// The affinity's sequence runs for every target of every cluster at once: it is made
+	// of waits.
+	outcomes := byCluster[map[string][]string]{}
+	t.each(func(cl *cluster) error {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		per := map[string][]string{}
+		for _, tg := range tgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				o := cl.affinitySequence(c, tg)
+				mu.Lock()
+				per[tg.name] = o
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		outcomes.set(cl, per)
 		return nil
 	})
-
-	// Waiting out the affinity timeout is the behaviour under test, not a wait for sluice:
-	// after each idle period a new choice is made, and with three endpoints some round
-	// lands elsewhere (each round stays on the same one with probability 1/3). Where closed
-	// connections hold the affinity (capabilities.AffinityHeldByClosedConnections: IPVS's
-	// TIME_WAIT), an idle period lasts that much longer, plus a margin for the kernel's
-	// timers (IPVS checks an expired template's connections every timeoutSeconds).
-	idle := (timeoutSeconds + 1) * time.Second
-	if e.caps.AffinityHeldByClosedConnections > 0 {
-		idle += e.caps.AffinityHeldByClosedConnections + 5*time.Second
-		t.Logf("%s: closed connections hold the affinity for %s; idle periods of %s", e.backend, e.caps.AffinityHeldByClosedConnections, idle)
-	}
-	deadline := time.Now().Add(convergeTimeout + 2*idle)
-	for round := 1; ; round++ {
-		time.Sleep(idle)
-		out := c.probe(echo.TCP, target, 0)
-		if out.Result != echo.Answered {
-			t.Fatalf("round %d: %s", round, out)
+	for _, tg := range tgs {
+		what := fmt.Sprintf("%s -> %s", c, tg.name)
+		phase := func(i int) func(cl *cluster) string {
+			return func(cl *cluster) string { return outcomes.get(cl)[tg.name][i] }
 		}
-		if out.Reply.Pod != pinned {
-			t.Logf("affinity expired after round %d: %s -> %s", round, pinned, out.Reply.Pod)
-			return
+		t.run(check{what: what + ": 20 connections", want: []string{"one pod"}, observe: phase(0), once: true})
+		t.run(check{what: what + fmt.Sprintf(": after %d idle periods of timeoutSeconds-1.5s", affinityBelowRuns), want: []string{"the same pod"}, observe: phase(1), once: true})
+		t.run(check{
+			what: what + ": idle periods of timeoutSeconds+1.5s", capability: "AffinityHeldByClosedConnections",
+			variant: fmt.Sprintf("%s %s", tg.proto, tg.fam()), allowed: []string{affinityExpired, affinityHeld},
+			observe: phase(2), once: true,
+		})
+	}
+}
+
+// The outcomes of the last phase of the affinity sequence.
+var (
+	affinityExpired = "another pod after the first idle periods"
+	affinityHeld    = fmt.Sprintf("the same pod through %d idle periods; another once idle for %s more (IPVS's TIME_WAIT)", affinityPastRuns, ipvsTCPTimeWait)
+)
+
+// affinitySequence runs the affinity's phases from c to tg and returns their outcomes, one
+// per phase: pinned, held below the timeout, and what happens past it.
+func (cl *cluster) affinitySequence(c client, tg target) []string {
+	out := []string{"not reached", "not reached", "not reached"}
+	var pinned string
+	deadline := time.Now().Add(convergeTimeout)
+	for {
+		pinned = ""
+		ok := true
+		for range 20 {
+			o := cl.probe(c, tg, 0)
+			if o.Result != echo.Answered || (pinned != "" && o.Reply.Pod != pinned) {
+				ok = false
+				out[0] = "not one pod: " + cl.token(o, false)
+				break
+			}
+			pinned = o.Reply.Pod
+		}
+		if ok {
+			out[0] = "one pod"
+			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("still pinned to %s after %d idle periods of %s", pinned, round, idle)
+			return out
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Waiting is the behaviour under test here, not a wait for the proxy.
+	for i := range affinityBelowRuns {
+		time.Sleep(affinityBelow)
+		o := cl.probe(c, tg, 0)
+		if o.Result != echo.Answered || o.Reply.Pod != pinned {
+			out[1] = fmt.Sprintf("after idle period %d: %s, pinned to %s", i+1, cl.token(o, false), pinned)
+			return out
 		}
 	}
+	out[1] = "the same pod"
+	for range affinityPastRuns {
+		time.Sleep(affinityPast)
+		o := cl.probe(c, tg, 0)
+		if o.Result != echo.Answered {
+			out[2] = cl.token(o, false)
+			return out
+		}
+		if o.Reply.Pod != pinned {
+			out[2] = affinityExpired
+			return out
+		}
+	}
+	// Still pinned: closed connections hold the affinity. Once idle for the TIME_WAIT
+	// too (and a margin for the kernel's timers), the client moves; it may land on the
+	// same pod again by chance (one in four), so keep going for a while.
+	for range 6 {
+		time.Sleep(affinityPast + ipvsTCPTimeWait + 5*time.Second)
+		o := cl.probe(c, tg, 0)
+		if o.Result != echo.Answered {
+			out[2] = cl.token(o, false)
+			return out
+		}
+		if o.Reply.Pod != pinned {
+			out[2] = affinityHeld
+			return out
+		}
+	}
+	out[2] = fmt.Sprintf("the same pod after idle periods of %s", affinityPast+ipvsTCPTimeWait+5*time.Second)
+	return out
+}
+
+// udpFlow is a UDP socket in every cluster that keeps its source port across sends.
+type udpFlow struct {
+	c    client
+	tg   target
+	sock byCluster[*echo.UDPClient]
+}
+
+// dialUDP opens the flow's socket in every cluster, closed when the case ends.
+func (t *T) dialUDP(c client, tg target) *udpFlow {
+	f := &udpFlow{c: c, tg: tg}
+	t.each(func(cl *cluster) error {
+		u, err := cl.host(c.host).DialUDP(tg.addr, netip.Addr{})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { u.Close() })
+		f.sock.set(cl, u)
+		return nil
+	})
+	return f
+}
+
+// expectFlow waits until the flow's next datagram gets want ("answered by a1",
+// "refused"), from the same socket.
+func (t *T) expectFlow(f *udpFlow, what string, want string) {
+	t.Helper()
+	t.run(check{
+		what:    fmt.Sprintf("%s -> %s (one socket)%s", f.c, f.tg.name, what),
+		want:    []string{want},
+		observe: f.send,
+	})
+}
+
+// send sends one datagram from the flow's socket in the cluster and returns the outcome.
+func (f *udpFlow) send(cl *cluster) string {
+	out := f.sock.get(cl).Send(500 * time.Millisecond)
+	if out.Result == echo.Answered {
+		return answeredBy(out.Reply.Pod)
+	}
+	return cl.token(out, false)
 }
 
 // A UDP client that keeps its socket (same source port) follows the Service when its
 // backend is replaced: the stale conntrack entry to the removed endpoint is cleaned up,
 // even though the old pod is still alive and would still answer. Through a ClusterIP from a
-// pod, and through a NodePort from the external client.
-func udpFlowFollowsReplacedBackend(t *testing.T, e *env) {
-	a0, a1, _, b1 := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "udp", corev1.ServiceTypeNodePort, port("dns", corev1.ProtocolUDP, 53)))
-	dns := svcPort(t, svc, "dns")
-	e.setEndpoints(t, svc, ready(a0))
-
-	flows := []struct {
-		name   string
-		host   *topology.Host
-		target netip.AddrPort
-		udp    *echo.UDPClient
-	}{
-		{name: "b1 -> ClusterIP", host: &b1.Host, target: at(clusterIP(t, svc, corev1.IPv4Protocol), dns.Port)},
-		{name: "external -> node-a NodePort", host: e.topo.External, target: at(nodeA.IPv4, dns.NodePort)},
+// pod, and through a NodePort from the external client, in each family.
+func udpFlowFollowsReplacedBackend(t *T) {
+	svc := t.service("udp", corev1.ServiceTypeNodePort, dnsPort)
+	t.endpoints(svc, ready("a0"))
+	var flows []*udpFlow
+	for _, tg := range clusterIPs(t, svc, "dns") {
+		flows = append(flows, t.dialUDP(from("b1"), tg))
 	}
-	for i := range flows {
-		u, err := flows[i].host.DialUDP(flows[i].target, netip.Addr{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = u.Close() })
-		flows[i].udp = u
-	}
-	answeredBy := func(u *echo.UDPClient, pod string) func() error {
-		return func() error {
-			out := u.Send(500 * time.Millisecond)
-			if out.Result != echo.Answered || out.Reply.Pod != pod {
-				return fmt.Errorf("from %s: %s", u.LocalAddr(), out)
-			}
-			return nil
-		}
+	for _, tg := range t.e.nodePorts(t, svc, "dns", "node-a") {
+		flows = append(flows, t.dialUDP(from("external"), tg))
 	}
 	for _, f := range flows {
-		e.eventually(t, f.name+" answered by a0", answeredBy(f.udp, "a0"))
+		t.expectFlow(f, "", answeredBy("a0"))
 	}
-	e.setEndpoints(t, svc, ready(a1))
+	t.endpoints(svc, ready("a1"))
 	for _, f := range flows {
-		e.eventually(t, f.name+" (same socket) answered by a1 after the replacement", answeredBy(f.udp, "a1"))
-		for range 5 {
-			if err := answeredBy(f.udp, "a1")(); err != nil {
-				t.Errorf("%s went back: %v", f.name, err)
-			}
+		t.expectFlow(f, " after the replacement", answeredBy("a1"))
+		// The next answers come from a1 too: an answer from a0 fails at once (a lost
+		// datagram is only sent again).
+		for i := range 5 {
+			t.run(check{
+				what: fmt.Sprintf("%s -> %s (one socket) stays on a1, answer %d", f.c, f.tg.name, i+1),
+				want: []string{answeredBy("a1")}, fatal: []string{answeredBy("a0")},
+				observe: f.send,
+			})
 		}
 	}
 }
 
 // A pod reaches itself through its own Service (hairpin): the only endpoint is the
-// client, over TCP and UDP.
-func hairpinPodReachesItself(t *testing.T, e *env) {
-	a0, _, _, _ := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "self", corev1.ServiceTypeClusterIP,
-		port("http", corev1.ProtocolTCP, 80), port("dns", corev1.ProtocolUDP, 53)))
-	e.setEndpoints(t, svc, ready(a0))
-	ip := clusterIP(t, svc, corev1.IPv4Protocol)
-	e.expectBackends(t, from(&a0.Host), echo.TCP, at(ip, 80), "a0")
-	e.expectBackends(t, from(&a0.Host), echo.UDP, at(ip, 53), "a0")
+// client, over TCP and UDP, and it sees itself masqueraded to its node's pod bridge
+// address (else its reply would go straight back to itself, unNATed).
+func hairpinPodReachesItself(t *T) {
+	svc := t.service("self", corev1.ServiceTypeClusterIP, httpPort, dnsPort)
+	t.endpoints(svc, ready("a0"))
+	for _, p := range []string{"http", "dns"} {
+		t.expectSeenAs(from("a0"), clusterIPs(t, svc, p), seenAs("node-a/cbr0", "a0"))
+	}
 }
 
 // SCTP Services work like TCP ones: ClusterIP from a pod and NodePort from the external
 // client. Skipped where the kernel has no SCTP (the echo servers cannot listen then).
-func sctpClusterIPAndNodePort(t *testing.T, e *env) {
-	require.Feature(t, require.SCTP, e.sctp, "kernel has no SCTP sockets; this case runs in the IPVS VM (hack/ipvs-vm.sh)")
-	a0, _, b0, b1 := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "sctp", corev1.ServiceTypeNodePort, port("sctp", corev1.ProtocolSCTP, 80)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	sp := svcPort(t, svc, "sctp")
-	e.expectBackends(t, from(&b1.Host), echo.SCTP, at(clusterIP(t, svc, corev1.IPv4Protocol), sp.Port), "a0", "b0")
-	e.expectBackends(t, from(e.topo.External), echo.SCTP, at(nodeA.IPv4, sp.NodePort), "a0", "b0")
+func sctpClusterIPAndNodePort(t *T) {
+	require.Feature(t, require.SCTP, t.e.sctp, "kernel has no SCTP sockets; this case runs in the IPVS VM (hack/ipvs-vm.sh)")
+	svc := t.service("sctp", corev1.ServiceTypeNodePort, port("sctp", corev1.ProtocolSCTP, 80))
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	t.expectBackends(from("b1"), clusterIPs(t, svc, "sctp"), "a0", "b0")
+	t.expectBackends(from("external"), t.e.nodePorts(t, svc, "sctp", "node-a"), "a0", "b0")
 }
 
-// A ClusterIP port that no Service port uses (capabilities.UnusedClusterIPPort): never
-// answered; rejected where the backend claims whole ClusterIPs.
-func unusedClusterIPPort(t *testing.T, e *env) {
-	a0, _, _, b1 := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "oneport", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	e.setEndpoints(t, svc, ready(a0))
-	ip := clusterIP(t, svc, corev1.IPv4Protocol)
-	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 80), "a0")
-	e.expectResult(t, from(&b1.Host), echo.TCP, at(ip, 81), e.caps.UnusedClusterIPPort...)
-	e.expectResult(t, from(&b1.Host), echo.UDP, at(ip, 81), e.caps.UnusedClusterIPPort...)
-}
-
-// NodePorts on 127.0.0.1 from the node itself (capabilities.LocalhostNodePorts).
-func localhostNodePort(t *testing.T, e *env) {
-	a0, _, b0, _ := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "localhost", corev1.ServiceTypeNodePort, port("http", corev1.ProtocolTCP, 80)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	np := svcPort(t, svc, "http").NodePort
-	e.expectBackends(t, from(&nodeA.Host), echo.TCP, at(nodeA.IPv4, np), "a0", "b0")
-	loopback := at(netip.MustParseAddr("127.0.0.1"), np)
-	if e.caps.LocalhostNodePorts {
-		e.expectBackends(t, from(&nodeA.Host), echo.TCP, loopback, "a0", "b0")
-	} else {
-		e.expectResult(t, from(&nodeA.Host), echo.TCP, loopback, echo.Refused, echo.Timeout)
+// A ClusterIP port that no Service port uses (capability UnusedClusterIPPort): never
+// answered; refused where the backend claims whole ClusterIPs.
+func unusedClusterIPPort(t *T) {
+	svc := t.service("oneport", corev1.ServiceTypeClusterIP, httpPort)
+	t.endpoints(svc, ready("a0"))
+	tgs := clusterIPs(t, svc, "http")
+	t.expectBackends(from("b1"), tgs, "a0")
+	for _, tg := range tgs {
+		t.expectCapability("UnusedClusterIPPort", notAnswered, from("b1"), []target{tg.onPort(81, corev1.ProtocolTCP), tg.onPort(81, corev1.ProtocolUDP)})
 	}
 }
 
-// Deleting a Service removes everything sluice programmed for it: its ClusterIP is no
-// longer answered, nor refused (no stale reject rule survives).
-func deletedServiceStopsAnswering(t *testing.T, e *env) {
-	a0, _, _, b1 := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "doomed", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	e.setEndpoints(t, svc, ready(a0))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0")
-	if err := e.kube.CoreV1().Services(svc.Namespace).Delete(t.Context(), svc.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+// NodePorts on the node's loopback address from the node itself (capability
+// LocalhostNodePorts). Family-specific: 127.0.0.1 in the IPv4 variant, ::1 in the IPv6 one
+// (a dual-stack Service adds nothing: it is the same two addresses).
+func localhostNodePort(t *T) {
+	svc := t.service("localhost", corev1.ServiceTypeNodePort, httpPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	t.expectBackends(from("node-a"), t.e.nodePorts(t, svc, "http", "node-a"), "a0", "b0")
+	loopback := netip.MustParseAddr("127.0.0.1")
+	if t.fam.name == "IPv6" {
+		loopback = netip.IPv6Loopback()
 	}
-	e.expectResult(t, from(&b1.Host), echo.TCP, target, echo.Timeout, echo.Unreachable)
+	tgs := addrTargets(t, "localhost NodePort", []netip.Addr{loopback}, svc, "http", true)
+	t.expectCapability("LocalhostNodePorts", append([]string{answeredBy("a0", "b0")}, notAnswered...), from("node-a"), tgs)
+}
+
+// Deleting a Service removes everything the proxy programmed for it: its ClusterIP is no
+// longer answered, nor refused (no stale reject rule survives): the packet leaves the node
+// like any other, and the underlay drops it.
+func deletedServiceStopsAnswering(t *T) {
+	svc := t.service("doomed", corev1.ServiceTypeClusterIP, httpPort)
+	t.endpoints(svc, ready("a0"))
+	tgs := clusterIPs(t, svc, "http")
+	t.expectBackends(from("b1"), tgs, "a0")
+	t.e.deleteService(t, svc)
+	t.expectResult(from("b1"), tgs, timeout)
 }
 
 // Changing a Service's port moves it: the new port is answered, the old one behaves like
-// any unused ClusterIP port (capabilities.UnusedClusterIPPort).
-func servicePortChange(t *testing.T, e *env) {
-	a0, _, b0, b1 := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "moving", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	ip := clusterIP(t, svc, corev1.IPv4Protocol)
-	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 80), "a0", "b0")
-	e.updateService(t, svc, func(s *corev1.Service) { s.Spec.Ports[0].Port = 90 })
-	e.expectBackends(t, from(&b1.Host), echo.TCP, at(ip, 90), "a0", "b0")
-	e.expectResult(t, from(&b1.Host), echo.TCP, at(ip, 80), e.caps.UnusedClusterIPPort...)
+// any unused ClusterIP port (capability UnusedClusterIPPort).
+func servicePortChange(t *T) {
+	svc := t.service("moving", corev1.ServiceTypeClusterIP, httpPort)
+	t.endpoints(svc, ready("a0"), ready("b0"))
+	old := clusterIPs(t, svc, "http")
+	t.expectBackends(from("b1"), old, "a0", "b0")
+	svc = t.e.updateService(t, svc, func(s *corev1.Service) { s.Spec.Ports[0].Port = 90 })
+	t.expectBackends(from("b1"), clusterIPs(t, svc, "http"), "a0", "b0")
+	for _, tg := range old {
+		t.expectCapability("UnusedClusterIPPort", notAnswered, from("b1"), []target{tg.onPort(80, corev1.ProtocolTCP)})
+	}
 }
 
 // A Service's endpoints are the union of all its EndpointSlices; an address listed in two
 // slices counts once, and its ready entry wins over a terminating one.
-func endpointsAcrossSlices(t *testing.T, e *env) {
-	a0, a1, b0, b1 := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "sliced", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.setSlice(t, svc, "one", ready(a0))
-	e.setSlice(t, svc, "two", ready(b0), terminating(a0, false))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "b0")
-	e.setSlice(t, svc, "one", ready(a1))
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a1", "b0")
+func endpointsAcrossSlices(t *T) {
+	svc := t.service("sliced", corev1.ServiceTypeClusterIP, httpPort)
+	tgs := clusterIPs(t, svc, "http")
+	t.e.setSlice(t, svc, "one", ready("a0"))
+	t.e.setSlice(t, svc, "two", ready("b0"), terminating("a0", false))
+	t.expectBackends(from("b1"), tgs, "a0", "b0")
+	t.e.setSlice(t, svc, "one", ready("a1"))
+	t.expectBackends(from("b1"), tgs, "a1", "b0")
 }
 
 // externalTrafficPolicy Local governs external traffic only: a pod, or the node itself,
 // reaching a LoadBalancer IP is sent to any endpoint, even from a node without local ones.
-func localPolicyDoesNotApplyToClusterClients(t *testing.T, e *env) {
-	_, a1, b0, _ := e.pods()
-	nodeA, nodeB := e.nodes()
-	s := service(e.namespace(t), "lb-local-internal", corev1.ServiceTypeLoadBalancer, port("http", corev1.ProtocolTCP, 80))
-	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	svc := e.createService(t, s)
-	e.setEndpoints(t, svc, ready(b0))
-	lb := e.vip(t, "192.0.2", nodeB)
-	e.setLoadBalancerIngress(t, svc, lb)
-	e.expectBackends(t, from(e.topo.External), echo.TCP, at(lb, 80), "b0")
-	e.expectBackends(t, from(&a1.Host), echo.TCP, at(lb, 80), "b0")
-	e.expectBackends(t, from(&nodeA.Host), echo.TCP, at(lb, 80), "b0")
+func localPolicyDoesNotApplyToClusterClients(t *T) {
+	svc := t.serviceWith("lb-local-internal", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}, httpPort)
+	t.endpoints(svc, ready("b0"))
+	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-b")
+	t.e.setLoadBalancerIngress(t, svc, lbs...)
+	tgs := vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+	t.expectBackends(from("external"), tgs, "b0")
+	t.expectBackends(from("a1"), tgs, "b0")
+	t.expectBackends(from("node-a"), tgs, "b0")
 }
 
 // A UDP client that started sending before the Service had endpoints (refused) gets
 // through, from the same socket, once endpoints appear: the flow's conntrack entry, made
-// without NAT, is cleaned up. Through a ClusterIP from a pod and a NodePort from outside.
-func udpFlowRecoversWhenEndpointsAppear(t *testing.T, e *env) {
-	a0, _, _, b1 := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "udp-late", corev1.ServiceTypeNodePort, port("dns", corev1.ProtocolUDP, 53)))
-	e.setEndpoints(t, svc)
-	dns := svcPort(t, svc, "dns")
-	flows := []struct {
-		name   string
-		host   *topology.Host
-		target netip.AddrPort
-	}{
-		{"b1 -> ClusterIP", &b1.Host, at(clusterIP(t, svc, corev1.IPv4Protocol), dns.Port)},
-		{"external -> node-a NodePort", e.topo.External, at(nodeA.IPv4, dns.NodePort)},
+// without NAT, is cleaned up. Through a ClusterIP from a pod and a NodePort from outside,
+// in each family.
+func udpFlowRecoversWhenEndpointsAppear(t *T) {
+	svc := t.service("udp-late", corev1.ServiceTypeNodePort, dnsPort)
+	t.endpoints(svc)
+	var flows []*udpFlow
+	for _, tg := range clusterIPs(t, svc, "dns") {
+		flows = append(flows, t.dialUDP(from("b1"), tg))
 	}
-	clients := make([]*echo.UDPClient, len(flows))
-	for i, f := range flows {
-		u, err := f.host.DialUDP(f.target, netip.Addr{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = u.Close() })
-		clients[i] = u
-		e.eventually(t, f.name+" refused while the Service has no endpoints", func() error {
-			if out := u.Send(500 * time.Millisecond); out.Result != echo.Refused {
-				return fmt.Errorf("from %s: %s", u.LocalAddr(), out)
-			}
-			return nil
-		})
+	for _, tg := range t.e.nodePorts(t, svc, "dns", "node-a") {
+		flows = append(flows, t.dialUDP(from("external"), tg))
 	}
-	e.setEndpoints(t, svc, ready(a0))
-	for i, f := range flows {
-		u := clients[i]
-		e.eventually(t, f.name+" (same socket) answered by a0 once it has endpoints", func() error {
-			if out := u.Send(500 * time.Millisecond); out.Result != echo.Answered || out.Reply.Pod != "a0" {
-				return fmt.Errorf("from %s: %s", u.LocalAddr(), out)
-			}
-			return nil
-		})
+	for _, f := range flows {
+		t.expectFlow(f, " while the Service has no endpoints", refused)
 	}
-}
-
-// Restarting sluice on a node drops nothing: rules stay in place while it is down, the new
-// process takes over without a gap (it must not flush on start), an established
-// connection survives, and the new process programs later changes.
-func proxyRestartKeepsTrafficFlowing(t *testing.T, e *env) {
-	a0, a1, b0, _ := e.pods()
-	nodeA, _ := e.nodes()
-	svc := e.createService(t, service(e.namespace(t), "steady", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0", "b0")
-	stream := openStream(t, &a1.Host, target)
-
-	watch := watchTraffic(from(&a1.Host), echo.TCP, target, "a0", "b0")
-	e.sluice[nodeA.Name].Stop()
-	time.Sleep(time.Second) // traffic keeps flowing while no proxy runs: that is the point
-	e.startSluice(t, nodeA)
-	e.waitHealthy(t, nodeA)
-	// Let the new process do its first full sync under the watch.
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0", "b0")
-	watch.finish(t, "traffic from a1 while sluice on node-a restarted")
-	stream.expectSamePod(t)
-
-	e.setEndpoints(t, svc, ready(a0))
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0")
-}
-
-// While the apiserver is down, sluice keeps what it programmed (traffic flows); when the
-// apiserver is back, sluice picks up changes made after the outage.
-func apiServerOutageKeepsTrafficFlowing(t *testing.T, e *env) {
-	a0, a1, b0, b1 := e.pods()
-	svc := e.createService(t, service(e.namespace(t), "outage", corev1.ServiceTypeClusterIP, port("http", corev1.ProtocolTCP, 80)))
-	e.setEndpoints(t, svc, ready(a0), ready(b0))
-	target := at(clusterIP(t, svc, corev1.IPv4Protocol), 80)
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "a0", "b0")
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "a0", "b0")
-
-	watchA := watchTraffic(from(&a1.Host), echo.TCP, target, "a0", "b0")
-	watchB := watchTraffic(from(&b1.Host), echo.TCP, target, "a0", "b0")
-	if err := e.cp.StopAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * time.Second) // an outage: traffic must flow all along
-	e.requireRunning(t)
-	if err := e.cp.StartAPIServer(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	watchA.finish(t, "traffic from a1 during the apiserver outage")
-	watchB.finish(t, "traffic from b1 during the apiserver outage")
-
-	e.setEndpoints(t, svc, ready(b0))
-	e.expectBackends(t, from(&a1.Host), echo.TCP, target, "b0")
-	e.expectBackends(t, from(&b1.Host), echo.TCP, target, "b0")
-}
-
-// stream is one established TCP connection to the echo server, kept open across a
-// disruption.
-type stream struct {
-	conn net.Conn
-	r    *bufio.Reader
-	pod  string
-}
-
-// openStream connects from h to target and reads the first reply.
-func openStream(t *testing.T, h *topology.Host, target netip.AddrPort) *stream {
-	var conn net.Conn
-	if err := h.Do(func() (err error) {
-		conn, err = net.DialTimeout("tcp", target.String(), echo.DefaultTimeout)
-		return err
-	}); err != nil {
-		t.Fatalf("%s -> %s: %v", h.Name, target, err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	s := &stream{conn: conn, r: bufio.NewReader(conn)}
-	r := s.exchange(t, false)
-	s.pod = r.Pod
-	return s
-}
-
-// exchange reads one reply line, after sending one line when send is true.
-func (s *stream) exchange(t *testing.T, send bool) echo.Reply {
-	t.Helper()
-	_ = s.conn.SetDeadline(time.Now().Add(2 * time.Second))
-	if send {
-		if _, err := s.conn.Write([]byte("again\n")); err != nil {
-			t.Fatalf("established connection: write: %v", err)
-		}
-	}
-	line, err := s.r.ReadString('\n')
-	if err != nil {
-		t.Fatalf("established connection: read: %v", err)
-	}
-	r, err := echo.ParseReply(line)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-// expectSamePod checks that the established connection still talks to its first pod.
-func (s *stream) expectSamePod(t *testing.T) {
-	t.Helper()
-	if r := s.exchange(t, true); r.Pod != s.pod {
-		t.Errorf("established connection now answered by %s, was %s", r.Pod, s.pod)
+	t.endpoints(svc, ready("a0"))
+	for _, f := range flows {
+		t.expectFlow(f, " once it has endpoints", answeredBy("a0"))
 	}
 }

@@ -4,33 +4,41 @@ package conformance
 
 // The environment every case runs in, built once per test binary:
 //
-//   - topology: nodes node-a (zone-a) and node-b (zone-b), pods a0 a1 on node-a and b0 b1 on
-//     node-b, an external client with two addresses (172.18.0.100 and .101);
-//   - a control plane (etcd + kube-apiserver) bound on the apiserver bridge, Service range
-//     10.96.0.0/16 (plus fd00:10:96::/112 with -dualstack);
-//   - Node objects created by the test (there is no kubelet) with InternalIP = the node's
-//     underlay address and podCIDRs from the topology;
+//   - one control plane (etcd + kube-apiserver) on the apiserver bridge, dual-stack: Service
+//     ranges 10.96.0.0/16 and fd00:10:96::/112;
+//   - one cluster per proxy under test (-proxies, e.g. sluice/iptables and
+//     kube-proxy/iptables): a topology of its own (nodes node-a in zone-a and node-b in
+//     zone-b, pods a0 a1 and b0 b1, an external client with two addresses per family and
+//     one in the secondary underlay subnet), every topology on the same addresses and on
+//     the same apiserver bridge, and the proxy in each node;
+//   - Node objects created by the test (there is no kubelet), shared by every cluster: their
+//     nodes have the same names and addresses;
 //   - an echo server in every pod on ports 8080 and 8081 (tcp, udp, and sctp where the
-//     kernel has it);
-//   - sluice in each node namespace, as system:kube-proxy, with minSyncPeriod 100ms.
+//     kernel has it).
 //
 // Cases create their own Services and write their own EndpointSlices (there is no
 // endpointslice controller), each in a namespace of its own, so they can run in parallel.
-// LoadBalancer IPs come from 192.0.2.0/24 and external IPs from 198.51.100.0/24, one per
-// case; the external client routes each to the node the case chooses.
+// Every proxy programs every Service, and every check probes every cluster: the same
+// objects, the same addresses, different proxies. LoadBalancer IPs come from 192.0.2.0/24
+// and 2001:db8:0:2::/64, external IPs from 198.51.100.0/24 and 2001:db8:198:51::/64, one
+// per case; each cluster's external client routes them to the node the case chooses.
 
 import (
+	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,6 +51,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/sluiceproxy/sluice/test/conformance/results"
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
 	"github.com/sluiceproxy/sluice/test/topology"
@@ -52,89 +61,205 @@ const (
 	// echoPort and echoPort2 are what every pod's echo server listens on.
 	echoPort  = 8080
 	echoPort2 = 8081
-	// healthzPort is sluice's healthzBindAddress port inside each node.
+	// healthzPort is the proxy's healthzBindAddress port inside each node.
 	healthzPort = 10256
 )
 
-// convergeTimeout bounds every wait for sluice to program a change. sluice syncs within
-// minSyncPeriod (100ms here) of a change; the margin covers a loaded 2-core CI machine.
+// convergeTimeout bounds every wait for a proxy to program a change. It syncs within
+// minSyncPeriod (1s here) of a change; the margin covers a loaded 2-core CI machine.
 var convergeTimeout = 30 * time.Second
 
 // zoneOf is the zone label the suite gives each node.
 var zoneOf = map[string]string{"node-a": "zone-a", "node-b": "zone-b"}
 
+// nodePortAddresses are the proxies' nodePortAddresses: the primary underlay subnets (not
+// the secondary one, nor the pod bridges or the apiserver link) and loopback, which keeps
+// localhost NodePorts where the mode has them (iptables turns them off unless
+// nodePortAddresses includes 127.0.0.0/8).
+var nodePortAddresses = []string{"172.18.0.0/24", "fd00:172:18::/64", "127.0.0.0/8"}
+
+// env is the whole environment: the control plane and one cluster per proxy under test.
 type env struct {
-	backend string
-	caps    capabilities
-	topo    *topology.Cluster
-	cp      *controlplane.ControlPlane
-	kube    kubernetes.Interface
+	clusters []*cluster
+	cp       *controlplane.ControlPlane
+	kube     kubernetes.Interface
 	// sctp reports whether the kernel has SCTP sockets (the IPVS VM's does, CI's does not).
-	sctp     bool
-	families []corev1.IPFamily
-	sluice   map[string]*topology.Process
+	sctp bool
+	// table and diffs are the capability table and the declared differences from upstream.
+	table results.Table
+	diffs []results.Difference
 
 	vipSeq atomic.Int32
 	nsSeq  atomic.Int32
 }
 
+// cluster is one proxy under test (a binary in a mode) in its own topology.
+type cluster struct {
+	name    string // "sluice/iptables"
+	proxy   string // results.Sluice or results.Upstream
+	backend string
+	binary  string
+	topo    *topology.Cluster
+
+	mu    sync.Mutex
+	procs map[string]*topology.Process // the proxy in each node, by node name
+	run   results.Run
+}
+
 // setup builds the whole environment for t, or fails it.
 func setup(t *testing.T) *env {
-	caps, ok := capabilityTable[backend()]
-	if !ok {
-		t.Fatalf("unknown backend %q (known: iptables, nftables, ipvs)", backend())
+	started := time.Now()
+	e := &env{}
+	var err error
+	if e.table, err = results.ParseTable(capabilitiesJSON); err != nil {
+		t.Fatal(err)
 	}
-	e := &env{backend: backend(), caps: caps, sluice: map[string]*topology.Process{}, families: []corev1.IPFamily{corev1.IPv4Protocol}}
-	if *dualStack {
-		e.families = append(e.families, corev1.IPv6Protocol)
+	if e.diffs, err = results.ParseDifferences(differencesYAML); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("backend %s, families %v", e.backend, e.families)
-
-	e.topo = topology.New(t, topology.Options{Nodes: 2, PodsPerNode: 2, IPv6: *dualStack, ExternalAddresses: 2})
-	if err := e.topo.Nodes[0].Do(func() error { e.sctp = echo.SCTPSupported(); return nil }); err != nil {
+	specs, err := proxiesUnderTest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel, _ := exec.Command("uname", "-r").Output()
+	for i, s := range specs {
+		cl := &cluster{name: s.proxy + "/" + s.backend, proxy: s.proxy, backend: s.backend, binary: s.binary, procs: map[string]*topology.Process{}}
+		cl.run = results.Run{Proxy: s.proxy, Backend: s.backend, Kernel: strings.TrimSpace(string(kernel)), Complete: runFilter() == ""}
+		if v, err := exec.Command(s.binary, "--version").CombinedOutput(); err == nil {
+			cl.run.Version = strings.TrimSpace(string(v))
+		}
+		opts := topology.Options{Nodes: 2, PodsPerNode: 2, IPv6: true, ExternalAddresses: 2, SecondaryUnderlay: true}
+		if i > 0 {
+			opts.APIOf = e.clusters[0].topo
+		}
+		cl.topo = topology.New(t, opts)
+		e.clusters = append(e.clusters, cl)
+		t.Logf("cluster %s: %s (%s), topology %s", cl.name, cl.binary, cl.run.Version, cl.topo.ID)
+	}
+	first := e.clusters[0].topo
+	if err := first.Nodes[0].Do(func() error { e.sctp = echo.SCTPSupported(); return nil }); err != nil {
 		t.Fatal(err)
 	}
 
-	cpOpts := controlplane.Options{
-		BindAddress:         e.topo.APIAddress().String(),
-		LogDir:              filepath.Join(e.topo.LogDir, "controlplane"),
+	e.cp = controlplane.StartForTest(t, controlplane.Options{
+		BindAddress:         first.APIAddress().String(),
+		ServiceCIDRs:        controlplane.DualStackServiceCIDRs(),
+		LogDir:              filepath.Join(first.LogDir, "controlplane"),
 		ReadyTimeout:        readyTimeout(t),
 		ExtraAPIServerFlags: strings.Fields(os.Getenv("SLUICE_CONFORMANCE_APISERVER_FLAGS")),
-	}
-	if *dualStack {
-		cpOpts.ServiceCIDRs = controlplane.DualStackServiceCIDRs()
-	}
-	e.cp = controlplane.StartForTest(t, cpOpts)
+	})
 	e.kube = e.cp.AdminClient()
-
-	for _, n := range e.topo.Nodes {
+	for _, n := range first.Nodes {
 		e.registerNode(t, n)
 	}
-	e.topo.StartEcho(t, topology.EchoOptions{
-		Binary:    os.Getenv("SLUICE_ECHOSERVER"),
-		Ports:     []uint16{echoPort, echoPort2},
-		Protocols: []echo.Protocol{echo.TCP, echo.UDP, echo.SCTP},
-	})
-	for _, n := range e.topo.Nodes {
-		e.startSluice(t, n)
-	}
-	// Registered after the control plane's cleanup, so it runs first: sluice stops while
-	// its apiserver is still there to say goodbye to.
-	t.Cleanup(func() {
-		for _, p := range e.sluice {
-			p.Stop()
+	for _, cl := range e.clusters {
+		cl.topo.StartEcho(t, topology.EchoOptions{
+			Binary:    os.Getenv("SLUICE_ECHOSERVER"),
+			Ports:     []uint16{echoPort, echoPort2},
+			Protocols: []echo.Protocol{echo.TCP, echo.UDP, echo.SCTP},
+		})
+		for _, n := range cl.topo.Nodes {
+			if err := e.startProxy(cl, n); err != nil {
+				t.Fatal(err)
+			}
 		}
+	}
+	// Registered after the control plane's cleanup, so it runs first: the proxies stop
+	// while their apiserver is still there to say goodbye to. The results are written last
+	// of all (this cleanup runs after the subtests').
+	t.Cleanup(func() {
+		for _, cl := range e.clusters {
+			for _, p := range cl.processes() {
+				p.Stop()
+			}
+		}
+		e.saveResults(t, time.Since(started))
 	})
-	for _, n := range e.topo.Nodes {
-		e.waitHealthy(t, n)
+	for _, cl := range e.clusters {
+		for _, n := range cl.topo.Nodes {
+			if err := e.waitHealthy(cl, n); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	return e
 }
 
+// proxySpec is one entry of -proxies.
+type proxySpec struct{ proxy, backend, binary string }
+
+// proxiesUnderTest reads -proxies ("sluice/iptables,kube-proxy/iptables"; default
+// "sluice/<backend>"), with the binaries from $SLUICE_BIN and $KUBE_PROXY_BIN.
+func proxiesUnderTest() ([]proxySpec, error) {
+	list := *proxiesFlag
+	if list == "" {
+		list = results.Sluice + "/" + backend()
+	}
+	var specs []proxySpec
+	for _, item := range strings.Split(list, ",") {
+		proxy, mode, ok := strings.Cut(strings.TrimSpace(item), "/")
+		if !ok {
+			return nil, fmt.Errorf("-proxies: %q is not <proxy>/<mode>", item)
+		}
+		switch mode {
+		case "iptables", "nftables", "ipvs":
+		default:
+			return nil, fmt.Errorf("-proxies: unknown mode %q (known: iptables, nftables, ipvs)", mode)
+		}
+		var bin string
+		switch proxy {
+		case results.Sluice:
+			bin = os.Getenv("SLUICE_BIN")
+		case results.Upstream:
+			bin = os.Getenv("KUBE_PROXY_BIN")
+		default:
+			return nil, fmt.Errorf("-proxies: unknown proxy %q (known: %s, %s)", proxy, results.Sluice, results.Upstream)
+		}
+		if bin == "" {
+			return nil, fmt.Errorf("-proxies: no binary for %s (TestMain prepares $SLUICE_BIN and $KUBE_PROXY_BIN)", proxy)
+		}
+		specs = append(specs, proxySpec{proxy: proxy, backend: mode, binary: bin})
+	}
+	return specs, nil
+}
+
+// runFilter is the -test.run pattern, empty when every case runs.
+func runFilter() string {
+	if f := flag.Lookup("test.run"); f != nil {
+		return f.Value.String()
+	}
+	return ""
+}
+
+// saveResults writes each cluster's results to -results (or $SLUICE_CONFORMANCE_RESULTS),
+// and logs the summary.
+func (e *env) saveResults(t *testing.T, took time.Duration) {
+	dir := *resultsFlag
+	var runs []*results.Run
+	for _, cl := range e.clusters {
+		cl.mu.Lock()
+		cl.run.Seconds = took.Seconds()
+		run := cl.run
+		cl.mu.Unlock()
+		runs = append(runs, &run)
+		if dir == "" {
+			continue
+		}
+		if err := run.Save(dir); err != nil {
+			t.Errorf("saving the results of %s: %v", cl.name, err)
+		}
+	}
+	where := dir
+	if where == "" {
+		where = "not saved: no -results"
+	}
+	t.Logf("results (%s):\n%s", where, results.Summary(runs))
+}
+
 // readyTimeout is how long etcd and kube-apiserver may take to become ready, at the start
-// and when APIServerOutageKeepsTrafficFlowing restarts the apiserver:
-// $SLUICE_CONFORMANCE_READY_TIMEOUT (a Go duration), else the control plane's default
-// (90s). The IPVS VM sets it: under emulation (TCG) kube-apiserver takes minutes.
+// and when a case restarts the apiserver: $SLUICE_CONFORMANCE_READY_TIMEOUT (a Go
+// duration), else the control plane's default (90s). The IPVS VM sets it: under emulation
+// (TCG) kube-apiserver takes minutes.
 func readyTimeout(t *testing.T) time.Duration {
 	s := os.Getenv("SLUICE_CONFORMANCE_READY_TIMEOUT")
 	if s == "" {
@@ -155,21 +280,19 @@ func (e *env) registerNode(t *testing.T, n *topology.Node) {
 			"topology.kubernetes.io/zone": zoneOf[n.Name],
 		}},
 	}
-	for i, c := range n.PodCIDRs {
-		if i < len(e.families) {
-			node.Spec.PodCIDRs = append(node.Spec.PodCIDRs, c.String())
-		}
+	for _, c := range n.PodCIDRs {
+		node.Spec.PodCIDRs = append(node.Spec.PodCIDRs, c.String())
 	}
 	node.Spec.PodCIDR = node.Spec.PodCIDRs[0]
 	created, err := e.kube.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating Node %s: %v", n.Name, err)
 	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IPv4.String()}}
-	if *dualStack {
-		created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: n.IPv6.String()})
+	created.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: n.IPv4.String()},
+		{Type: corev1.NodeInternalIP, Address: n.IPv6.String()},
+		{Type: corev1.NodeHostName, Address: n.Name},
 	}
-	created.Status.Addresses = append(created.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeHostName, Address: n.Name})
 	created.Status.Conditions = []corev1.NodeCondition{{
 		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "ConformanceSuite",
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
@@ -179,24 +302,29 @@ func (e *env) registerNode(t *testing.T, n *topology.Node) {
 	}
 }
 
-// sluiceConfig is the KubeProxyConfiguration each node's sluice runs with. minSyncPeriod is
-// small so that the suite measures behaviour, not the default 1s rate limit; conntrack
-// sizing is left alone (0) because nf_conntrack_max and the hash size are global to the
-// machine, not per namespace.
-func (e *env) sluiceConfig(n *topology.Node) string {
-	clusterCIDR := topology.ClusterCIDRv4
-	if *dualStack {
-		clusterCIDR += "," + topology.ClusterCIDRv6
-	}
+// proxyConfig is the KubeProxyConfiguration each node's proxy runs with. minSyncPeriod is
+// upstream's default, 1s: every proxy programs every cluster's Services, and with dozens of
+// cases changing Services at once, a shorter one makes eight proxies rewrite their rules
+// (iptables-restore is a process per family) many times a second, starving the probes of
+// CPU on a 2-core machine; a change waits at most a second. Conntrack sizing is left alone
+// (0) because nf_conntrack_max and the hash size are global to the machine, not per
+// namespace. The client-go reflector logs at level 4, so that a watch
+// that ended with "too old resource version" (and the relist after it) shows in the log.
+func (e *env) proxyConfig(cl *cluster, n *topology.Node) string {
 	verbosity := 2
 	if v := os.Getenv("SLUICE_V"); v != "" {
 		_, _ = fmt.Sscan(v, &verbosity)
+	}
+	var npa strings.Builder
+	for _, c := range nodePortAddresses {
+		fmt.Fprintf(&npa, "\n- %s", c)
 	}
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: %s
 hostnameOverride: %s
-clusterCIDR: %s
+clusterCIDR: %s,%s
+nodePortAddresses:%s
 bindAddress: 0.0.0.0
 healthzBindAddress: 0.0.0.0:%d
 metricsBindAddress: 127.0.0.1:10249
@@ -206,53 +334,78 @@ clientConnection:
   burst: 100
 logging:
   verbosity: %d
+  vmodule:
+  - filePattern: reflector
+    verbosity: 4
 iptables:
-  minSyncPeriod: 100ms
+  minSyncPeriod: 1s
   syncPeriod: 30s
 nftables:
-  minSyncPeriod: 100ms
+  minSyncPeriod: 1s
   syncPeriod: 30s
 ipvs:
-  minSyncPeriod: 100ms
+  minSyncPeriod: 1s
   syncPeriod: 30s
 conntrack:
   maxPerCore: 0
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, e.backend, n.Name, clusterCIDR, healthzPort, e.cp.ProxyKubeconfig(), verbosity)
+`, cl.backend, n.Name, topology.ClusterCIDRv4, topology.ClusterCIDRv6, npa.String(), healthzPort, e.cp.ProxyKubeconfig(), verbosity)
 }
 
-func (e *env) startSluice(t *testing.T, n *topology.Node) {
-	path := filepath.Join(e.topo.LogDir, "sluice-"+n.Name+".yaml")
-	if err := os.WriteFile(path, []byte(e.sluiceConfig(n)), 0o644); err != nil {
-		t.Fatal(err)
+// startProxy starts the cluster's proxy in node n (again, after a stop).
+func (e *env) startProxy(cl *cluster, n *topology.Node) error {
+	path := filepath.Join(cl.topo.LogDir, "proxy-"+n.Name+".yaml")
+	if err := os.WriteFile(path, []byte(e.proxyConfig(cl, n)), 0o644); err != nil {
+		return err
 	}
 	args := []string{"--config", path, "--hostname-override", n.Name, "--kubeconfig", e.cp.ProxyKubeconfig()}
 	args = append(args, strings.Fields(os.Getenv("SLUICE_EXTRA_ARGS"))...)
-	p, err := n.Start("sluice-"+n.Name, os.Getenv("SLUICE_BIN"), args...)
+	p, err := n.Start(cl.proxy+"-"+n.Name, cl.binary, args...)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	e.sluice[n.Name] = p
+	cl.mu.Lock()
+	cl.procs[n.Name] = p
+	cl.mu.Unlock()
+	return nil
 }
 
-// waitHealthy waits for sluice's /healthz in the node to answer 200, reached over the
-// apiserver link, and then for its first sync (waitSynced). A sluice that exits fails the
+// proc is the cluster's proxy in the named node.
+func (cl *cluster) proc(node string) *topology.Process {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.procs[node]
+}
+
+func (cl *cluster) processes() []*topology.Process {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	var out []*topology.Process
+	for _, p := range cl.procs {
+		out = append(out, p)
+	}
+	return out
+}
+
+// waitHealthy waits for the proxy's /healthz in node n to answer 200, reached over the
+// apiserver link, and then for its first sync (waitSynced). A proxy that exits fails the
 // suite at once with its log.
-func (e *env) waitHealthy(t *testing.T, n *topology.Node) {
+func (e *env) waitHealthy(cl *cluster, n *topology.Node) error {
 	url := fmt.Sprintf("http://%s/healthz", netip.AddrPortFrom(n.APIAddress, healthzPort))
 	client := &http.Client{Timeout: time.Second}
 	var last string
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		e.requireRunning(t)
+		if err := cl.running(); err != nil {
+			return err
+		}
 		resp, err := client.Get(url)
 		if err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				e.waitSynced(t, n)
-				return
+				return e.waitSynced(cl, n)
 			}
 			last = resp.Status
 		} else {
@@ -260,10 +413,10 @@ func (e *env) waitHealthy(t *testing.T, n *topology.Node) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Fatalf("sluice on %s: %s never answered 200 (last: %s)\n%s", n.Name, url, last, e.sluice[n.Name].Tail(40))
+	return fmt.Errorf("%s on %s: %s never answered 200 (last: %s)\n%s", cl.name, n.Name, url, last, cl.proc(n.Name).Tail(40))
 }
 
-// firstSyncTimeout bounds the wait for a sluice's first sync. On the host it takes a
+// firstSyncTimeout bounds the wait for a proxy's first sync. On the host it takes a
 // second; under emulation (the IPVS VM) each iptables command costs most of a second and
 // a first sync of both families half a minute.
 const firstSyncTimeout = 3 * time.Minute
@@ -272,28 +425,30 @@ const firstSyncTimeout = 3 * time.Minute
 // IP family.
 const lastSyncMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 
-// waitSynced waits until the proxy in node n has completed its first sync of every family
-// the suite uses, as its metrics tell (metricsBindAddress 127.0.0.1:10249 in the node).
+// waitSynced waits until the proxy in node n has completed its first sync of both
+// families, as its metrics tell (metricsBindAddress 127.0.0.1:10249 in the node).
 // /healthz answers 200 from the start, before anything is programmed; a case that starts
 // before the first sync would measure how long that sync takes, not the behaviour it is
 // about.
-func (e *env) waitSynced(t *testing.T, n *topology.Node) {
+func (e *env) waitSynced(cl *cluster, n *topology.Node) error {
 	url := "http://127.0.0.1:10249/metrics"
 	var last string
 	deadline := time.Now().Add(firstSyncTimeout)
 	for time.Now().Before(deadline) {
-		e.requireRunning(t)
+		if err := cl.running(); err != nil {
+			return err
+		}
 		body, err := httpGetBody(&n.Host, url)
 		if err == nil {
 			synced := syncedFamilies(body)
 			missing := ""
-			for _, f := range e.families {
+			for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
 				if !synced[string(f)] && !synced[""] {
 					missing += " " + string(f)
 				}
 			}
 			if missing == "" {
-				return
+				return nil
 			}
 			last = "no successful sync yet for" + missing
 		} else {
@@ -301,7 +456,7 @@ func (e *env) waitSynced(t *testing.T, n *topology.Node) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	t.Fatalf("sluice on %s: no first sync within %s (%s: %s)\n%s", n.Name, firstSyncTimeout, url, last, e.sluice[n.Name].Tail(40))
+	return fmt.Errorf("%s on %s: no first sync within %s (%s: %s)\n%s", cl.name, n.Name, firstSyncTimeout, url, last, cl.proc(n.Name).Tail(40))
 }
 
 // syncedFamilies reads the last-sync gauge from a Prometheus text exposition: the families
@@ -328,26 +483,16 @@ func syncedFamilies(metrics string) map[string]bool {
 	return out
 }
 
-// requireRunning fails t if a sluice process has exited.
-func (e *env) requireRunning(t testing.TB) {
-	t.Helper()
-	for name, p := range e.sluice {
+// running returns an error, with the end of its log, if a proxy of the cluster has exited.
+func (cl *cluster) running() error {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for node, p := range cl.procs {
 		if exited, err := p.Exited(); exited {
-			t.Fatalf("sluice on %s exited: %v\n%s", name, err, p.Tail(40))
+			return fmt.Errorf("%s on %s exited: %v\n%s", cl.name, node, err, p.Tail(40))
 		}
 	}
-}
-
-// dumpOnFailure logs the end of every sluice log when t fails.
-func (e *env) dumpOnFailure(t *testing.T) {
-	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		for name, p := range e.sluice {
-			t.Logf("last lines of sluice on %s (%s):\n%s", name, p.LogPath, p.Tail(25))
-		}
-	})
+	return nil
 }
 
 // ---- Kubernetes objects ------------------------------------------------------------------
@@ -355,7 +500,7 @@ func (e *env) dumpOnFailure(t *testing.T) {
 var nonName = regexp.MustCompile(`[^a-z0-9-]+`)
 
 // namespace creates a namespace for one case, deleted when the case ends.
-func (e *env) namespace(t *testing.T) string {
+func (e *env) namespace(t testing.TB) string {
 	name := nonName.ReplaceAllString(strings.ToLower(t.Name()), "-")
 	name = strings.Trim(strings.TrimPrefix(name, "testconformance-"), "-")
 	if len(name) > 50 {
@@ -368,7 +513,7 @@ func (e *env) namespace(t *testing.T) string {
 	}
 	t.Cleanup(func() {
 		// Without a namespace controller the namespace itself lingers as Terminating;
-		// deleting the Services makes sluice drop their rules, which is what matters.
+		// deleting the Services makes the proxies drop their rules, which is what matters.
 		ctx := context.Background()
 		_ = e.kube.DiscoveryV1().EndpointSlices(name).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		svcs, _ := e.kube.CoreV1().Services(name).List(ctx, metav1.ListOptions{})
@@ -395,11 +540,11 @@ func service(ns, name string, typ corev1.ServiceType, ports ...corev1.ServicePor
 	}
 }
 
-// createService creates svc (dual-stack when the suite is) and returns it as allocated.
-func (e *env) createService(t *testing.T, svc *corev1.Service) *corev1.Service {
-	if len(e.families) == 2 {
-		svc.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicyPreferDualStack)
-	}
+// createService creates svc in the families of f (single-stack IPv4 or IPv6, or
+// RequireDualStack) and returns it as allocated.
+func (e *env) createService(t testing.TB, f family, svc *corev1.Service) *corev1.Service {
+	svc.Spec.IPFamilies = f.families
+	svc.Spec.IPFamilyPolicy = ptr.To(f.policy)
 	created, err := e.kube.CoreV1().Services(svc.Namespace).Create(t.Context(), svc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating Service %s/%s: %v", svc.Namespace, svc.Name, err)
@@ -408,7 +553,7 @@ func (e *env) createService(t *testing.T, svc *corev1.Service) *corev1.Service {
 }
 
 // updateService applies change to the current Service and writes it back.
-func (e *env) updateService(t *testing.T, svc *corev1.Service, change func(*corev1.Service)) *corev1.Service {
+func (e *env) updateService(t testing.TB, svc *corev1.Service, change func(*corev1.Service)) *corev1.Service {
 	cur, err := e.kube.CoreV1().Services(svc.Namespace).Get(t.Context(), svc.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -421,8 +566,15 @@ func (e *env) updateService(t *testing.T, svc *corev1.Service, change func(*core
 	return updated
 }
 
+// deleteService deletes svc.
+func (e *env) deleteService(t testing.TB, svc *corev1.Service) {
+	if err := e.kube.CoreV1().Services(svc.Namespace).Delete(t.Context(), svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting Service %s/%s: %v", svc.Namespace, svc.Name, err)
+	}
+}
+
 // setLoadBalancerIngress writes status.loadBalancer.ingress, as a cloud controller would.
-func (e *env) setLoadBalancerIngress(t *testing.T, svc *corev1.Service, ips ...netip.Addr) *corev1.Service {
+func (e *env) setLoadBalancerIngress(t testing.TB, svc *corev1.Service, ips ...netip.Addr) *corev1.Service {
 	cur, err := e.kube.CoreV1().Services(svc.Namespace).Get(t.Context(), svc.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -438,38 +590,60 @@ func (e *env) setLoadBalancerIngress(t *testing.T, svc *corev1.Service, ips ...n
 	return updated
 }
 
-// vip returns an address unique to this run for a LoadBalancer (192.0.2.x) or external IP
-// (198.51.100.x), routed by the external client to via.
-func (e *env) vip(t *testing.T, base string, via *topology.Node) netip.Addr {
+// The ranges virtual IPs come from, per kind and family.
+const (
+	loadBalancerVIP = "LoadBalancer"
+	externalVIP     = "externalIP"
+)
+
+var vipBases = map[string][2]string{
+	loadBalancerVIP: {"192.0.2.%d", "2001:db8:0:2::%x"},
+	externalVIP:     {"198.51.100.%d", "2001:db8:198:51::%x"},
+}
+
+// vips returns one address per family of svc, unique to this run, for a LoadBalancer or
+// external IP, routed by every cluster's external client to the node called via.
+func (e *env) vips(t testing.TB, kind string, svc *corev1.Service, via string) []netip.Addr {
 	n := e.vipSeq.Add(1)
 	if n > 250 {
 		t.Fatal("out of virtual IPs")
 	}
-	a := netip.MustParseAddr(fmt.Sprintf("%s.%d", base, n))
-	e.routeVIP(t, a, via)
-	return a
+	var out []netip.Addr
+	for _, fam := range svc.Spec.IPFamilies {
+		base := vipBases[kind][0]
+		if fam == corev1.IPv6Protocol {
+			base = vipBases[kind][1]
+		}
+		a := netip.MustParseAddr(fmt.Sprintf(base, n))
+		e.routeVIP(t, a, via)
+		out = append(out, a)
+	}
+	return out
 }
 
-// routeVIP points the external client's route for a at node via.
-func (e *env) routeVIP(t *testing.T, a netip.Addr, via *topology.Node) {
-	if err := e.topo.External.Route(netip.PrefixFrom(a, a.BitLen()), via.IP(a)); err != nil {
-		t.Fatal(err)
+// routeVIP points every cluster's external client's route for a at the node called via.
+func (e *env) routeVIP(t testing.TB, a netip.Addr, via string) {
+	for _, cl := range e.clusters {
+		n := cl.topo.Node(via)
+		if err := cl.topo.External.Route(netip.PrefixFrom(a, a.BitLen()), n.IP(a)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
-// endpoint is one EndpointSlice endpoint: a pod and its conditions.
+// endpoint is one EndpointSlice endpoint: a pod (by name) and its conditions.
 type endpoint struct {
-	pod                         *topology.Pod
+	pod                         string
 	ready, serving, terminating bool
 	zoneHint                    string
 }
 
 // ready is a ready, serving, not terminating endpoint.
-func ready(p *topology.Pod) endpoint { return endpoint{pod: p, ready: true, serving: true} }
+func ready(pod string) endpoint { return endpoint{pod: pod, ready: true, serving: true} }
 
 // terminating is a terminating endpoint, serving or not (ready is always false then).
-func terminating(p *topology.Pod, serving bool) endpoint {
-	return endpoint{pod: p, serving: serving, terminating: true}
+func terminating(pod string, serving bool) endpoint {
+	return endpoint{pod: pod, serving: serving, terminating: true}
 }
 
 // hinted adds a zone hint.
@@ -477,15 +651,17 @@ func (ep endpoint) hinted(zone string) endpoint { ep.zoneHint = zone; return ep 
 
 // setEndpoints writes the Service's EndpointSlices (one per family) so that they hold
 // exactly eps, creating or replacing them.
-func (e *env) setEndpoints(t *testing.T, svc *corev1.Service, eps ...endpoint) {
+func (e *env) setEndpoints(t testing.TB, svc *corev1.Service, eps ...endpoint) {
 	e.setSlice(t, svc, "", eps...)
 }
 
 // setSlice writes one EndpointSlice per family of the Service, named
 // <service>-<family>[-<suffix>], holding exactly eps. Several suffixes give a Service
-// several slices, as the endpointslice controller does past 100 endpoints.
-func (e *env) setSlice(t *testing.T, svc *corev1.Service, suffix string, eps ...endpoint) {
+// several slices, as the endpointslice controller does past 100 endpoints. Pod addresses
+// are the same in every cluster's topology.
+func (e *env) setSlice(t testing.TB, svc *corev1.Service, suffix string, eps ...endpoint) {
 	ctx := t.Context()
+	topo := e.clusters[0].topo
 	for _, fam := range svc.Spec.IPFamilies {
 		name := svc.Name + "-" + strings.ToLower(string(fam))
 		if suffix != "" {
@@ -509,17 +685,18 @@ func (e *env) setSlice(t *testing.T, svc *corev1.Service, suffix string, eps ...
 			})
 		}
 		for _, ep := range eps {
-			addr := ep.pod.IPv4
+			pod := topo.Pod(ep.pod)
+			addr := pod.IPv4
 			if fam == corev1.IPv6Protocol {
-				addr = ep.pod.IPv6
+				addr = pod.IPv6
 			}
 			d := discoveryv1.Endpoint{
 				Addresses: []string{addr.String()},
 				Conditions: discoveryv1.EndpointConditions{
 					Ready: ptr.To(ep.ready), Serving: ptr.To(ep.serving), Terminating: ptr.To(ep.terminating),
 				},
-				NodeName: ptr.To(ep.pod.Node.Name),
-				Zone:     ptr.To(zoneOf[ep.pod.Node.Name]),
+				NodeName: ptr.To(pod.Node.Name),
+				Zone:     ptr.To(zoneOf[pod.Node.Name]),
 			}
 			if ep.zoneHint != "" {
 				d.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: ep.zoneHint}}}
@@ -541,165 +718,7 @@ func (e *env) setSlice(t *testing.T, svc *corev1.Service, suffix string, eps ...
 	}
 }
 
-// ---- addresses ---------------------------------------------------------------------------
-
-// clusterIP is the Service's ClusterIP of a family.
-func clusterIP(t *testing.T, svc *corev1.Service, fam corev1.IPFamily) netip.Addr {
-	for _, s := range svc.Spec.ClusterIPs {
-		a := netip.MustParseAddr(s)
-		if a.Is4() == (fam == corev1.IPv4Protocol) {
-			return a
-		}
-	}
-	t.Fatalf("Service %s/%s has no %s ClusterIP (%v)", svc.Namespace, svc.Name, fam, svc.Spec.ClusterIPs)
-	return netip.Addr{}
-}
-
-// svcPort finds a Service port by name.
-func svcPort(t *testing.T, svc *corev1.Service, name string) corev1.ServicePort {
-	for _, p := range svc.Spec.Ports {
-		if p.Name == name {
-			return p
-		}
-	}
-	t.Fatalf("Service %s/%s has no port %q", svc.Namespace, svc.Name, name)
-	return corev1.ServicePort{}
-}
-
-func at(a netip.Addr, p int32) netip.AddrPort { return netip.AddrPortFrom(a, uint16(p)) }
-
-func protoOf(p corev1.Protocol) echo.Protocol { return echo.Protocol(strings.ToLower(string(p))) }
-
-// familyAddr picks the address of fam from a host.
-func familyAddr(h *topology.Host, fam corev1.IPFamily) netip.Addr {
-	if fam == corev1.IPv6Protocol {
-		return h.IPv6
-	}
-	return h.IPv4
-}
-
-// ---- probing and waiting -----------------------------------------------------------------
-
-// client is where probes come from: a host, optionally with a chosen source address.
-type client struct {
-	host   *topology.Host
-	source netip.Addr
-}
-
-func from(h *topology.Host) client { return client{host: h} }
-
-func (c client) String() string {
-	if c.source.IsValid() {
-		return fmt.Sprintf("%s (from %s)", c.host.Name, c.source)
-	}
-	return c.host.Name
-}
-
-func (c client) probe(proto echo.Protocol, target netip.AddrPort, timeout time.Duration) echo.Outcome {
-	return c.host.Probe(proto, target, echo.ProbeOptions{Timeout: timeout, Source: c.source})
-}
-
-// eventually polls cond until it returns nil, failing t with cond's last error after
-// convergeTimeout. It never sleeps a fixed time waiting for sluice: it stops as soon as
-// what clients receive is right.
-func (e *env) eventually(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(convergeTimeout)
-	for {
-		e.requireRunning(t)
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not so after %s: %v", what, convergeTimeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// tries is how many probes show that every one of n backends answers: with random
-// selection the chance of missing one of n in 10n+10 tries is below 1e-4 for n <= 4, and
-// a miss only costs another round.
-func tries(n int) int { return 10*n + 10 }
-
-// expectBackends waits until probes from c to target are all answered, by exactly the pods
-// named in want, and returns the replies of the last round.
-func (e *env) expectBackends(t *testing.T, c client, proto echo.Protocol, target netip.AddrPort, want ...string) []echo.Reply {
-	t.Helper()
-	wanted := map[string]bool{}
-	for _, w := range want {
-		wanted[w] = true
-	}
-	var replies []echo.Reply
-	e.eventually(t, fmt.Sprintf("%s -> %s %s answered by exactly %v", c, proto, target, want), func() error {
-		replies = replies[:0]
-		seen := map[string]int{}
-		for i := range tries(len(want)) {
-			out := c.probe(proto, target, 0)
-			if out.Result != echo.Answered {
-				return fmt.Errorf("try %d: %s", i, out)
-			}
-			if !wanted[out.Reply.Pod] {
-				return fmt.Errorf("try %d: answered by %s, not one of %v", i, out.Reply.Pod, want)
-			}
-			seen[out.Reply.Pod]++
-			replies = append(replies, out.Reply)
-		}
-		if len(seen) != len(wanted) {
-			return fmt.Errorf("answered by %v only", seen)
-		}
-		return nil
-	})
-	return replies
-}
-
-// expectResult waits until three probes in a row from c to target end in one of want
-// (several when a capability allows more than one, see capabilities).
-func (e *env) expectResult(t *testing.T, c client, proto echo.Protocol, target netip.AddrPort, want ...echo.Result) {
-	t.Helper()
-	e.eventually(t, fmt.Sprintf("%s -> %s %s gets %v", c, proto, target, want), func() error {
-		for i := range 3 {
-			// A second is plenty to tell silence from an answer or a refusal here.
-			out := c.probe(proto, target, time.Second)
-			if !resultIn(out.Result, want) {
-				return fmt.Errorf("try %d: %s", i, out)
-			}
-		}
-		return nil
-	})
-}
-
-func resultIn(r echo.Result, set []echo.Result) bool {
-	for _, s := range set {
-		if r == s {
-			return true
-		}
-	}
-	return false
-}
-
-// expectSources checks that every reply saw a source address in want.
-func expectSources(t *testing.T, what string, replies []echo.Reply, want ...netip.Addr) {
-	t.Helper()
-	for _, r := range replies {
-		ok := false
-		for _, w := range want {
-			ok = ok || r.Remote.Addr() == w
-		}
-		if !ok {
-			t.Errorf("%s: %s saw the client as %s, want one of %v", what, r.Pod, r.Remote.Addr(), want)
-			return
-		}
-	}
-}
-
-// nodeAddrs are every address a node may masquerade to.
-func nodeAddrs(n *topology.Node) []netip.Addr {
-	out := append([]netip.Addr{}, n.IPs()...)
-	out = append(out, n.BridgeIPs...)
-	return append(out, n.APIAddress)
-}
+// ---- talking to hosts ----------------------------------------------------------------------
 
 // httpGetBody fetches url from inside host's namespace and returns the body of a 200 answer.
 func httpGetBody(h *topology.Host, url string) (string, error) {
@@ -745,52 +764,35 @@ func httpGet(h *topology.Host, url string) (int, error) {
 	return resp.StatusCode, nil
 }
 
-// trafficWatch probes from a client in the background, to prove that traffic never stops
-// while something is disrupted (a proxy restart, an apiserver outage).
-type trafficWatch struct {
-	stop     chan struct{}
-	done     chan struct{}
-	probes   int
-	failures []string
-}
-
-// watchTraffic starts probing target from c every 50ms until the returned watch is
-// stopped. Every probe must be answered by one of the pods in want.
-func watchTraffic(c client, proto echo.Protocol, target netip.AddrPort, want ...string) *trafficWatch {
-	w := &trafficWatch{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for {
-			select {
-			case <-w.stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			out := c.probe(proto, target, 0)
-			w.probes++
-			ok := out.Result == echo.Answered
-			if ok {
-				ok = false
-				for _, p := range want {
-					ok = ok || out.Reply.Pod == p
-				}
-			}
-			if !ok {
-				w.failures = append(w.failures, time.Now().Format("15:04:05.000")+" "+out.String())
-			}
-		}
-	}()
-	return w
-}
-
-// finish stops the watch and fails t if any probe failed.
-func (w *trafficWatch) finish(t *testing.T, what string) {
-	t.Helper()
-	close(w.stop)
-	<-w.done
-	if len(w.failures) > 0 {
-		t.Errorf("%s: %d of %d probes failed, first ones: %v", what, len(w.failures), w.probes, w.failures[:min(5, len(w.failures))])
-	} else {
-		t.Logf("%s: all %d probes answered", what, w.probes)
+// logSince returns what the process logged after offset bytes (a length taken earlier).
+func logSince(p *topology.Process, offset int64) string {
+	b, err := os.ReadFile(p.LogPath)
+	if err != nil || int64(len(b)) < offset {
+		return ""
 	}
+	return string(b[offset:])
+}
+
+// logSize is the current length of the process's log, for logSince.
+func logSize(p *topology.Process) int64 {
+	st, err := os.Stat(p.LogPath)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// countLines counts the lines of text that contain every one of words.
+func countLines(text string, words ...string) int {
+	n := 0
+	for _, line := range bytes.Split([]byte(text), []byte("\n")) {
+		all := true
+		for _, w := range words {
+			all = all && bytes.Contains(line, []byte(w))
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }

@@ -4,26 +4,40 @@ package conformance
 
 import (
 	"context"
+	_ "embed"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"time"
-
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluiceproxy/sluice/test/framework/controlplane"
 	"github.com/sluiceproxy/sluice/test/netnstest"
 )
 
 var (
-	backendFlag = flag.String("backend", "", "backend under test: iptables, nftables or ipvs (default $SLUICE_BACKEND, else iptables)")
-	dualStack   = flag.Bool("dualstack", os.Getenv("SLUICE_CONFORMANCE_DUALSTACK") == "1",
-		"also run the IPv6 side of the family-aware cases (IPv6 addressing everywhere, dual-stack Service CIDRs)")
+	backendFlag = flag.String("backend", "", "backend under test when -proxies is not given: iptables, nftables or ipvs (default $SLUICE_BACKEND, else iptables)")
+	proxiesFlag = flag.String("proxies", os.Getenv("SLUICE_CONFORMANCE_PROXIES"),
+		"proxies under test, each in a cluster of its own sharing one control plane: a comma-separated list of <proxy>/<mode>, "+
+			"proxy sluice ($SLUICE_BIN) or kube-proxy ($KUBE_PROXY_BIN, upstream), e.g. sluice/iptables,kube-proxy/iptables (default sluice/<backend>)")
+	resultsFlag = flag.String("results", os.Getenv("SLUICE_CONFORMANCE_RESULTS"),
+		"directory to write each proxy's results to, as <proxy>-<mode>.json, for go run ./test/conformance/checkresults")
 )
 
-// backend is the mode under test, from -backend or $SLUICE_BACKEND.
+// The capability table (generated from the runs) and the declared differences from
+// upstream, read by every check that depends on them.
+var (
+	//go:embed capabilities.json
+	capabilitiesJSON []byte
+	//go:embed differences.yaml
+	differencesYAML []byte
+)
+
+// backend is the mode under test when -proxies is not given, from -backend or
+// $SLUICE_BACKEND.
 func backend() string {
 	if *backendFlag != "" {
 		return *backendFlag
@@ -50,8 +64,9 @@ func TestMain(m *testing.M) {
 	netnstest.Main(m)
 }
 
-// prepareBinaries makes sure $SLUICE_BIN, $SLUICE_ECHOSERVER, $KUBE_APISERVER and $ETCD name
-// usable binaries, building what is missing, so the re-executed test process inherits them.
+// prepareBinaries makes sure $SLUICE_BIN, $SLUICE_ECHOSERVER, $KUBE_APISERVER and $ETCD (and
+// $KUBE_PROXY_BIN when -proxies names kube-proxy) name usable binaries, building what is
+// missing, so the re-executed test process inherits them.
 func prepareBinaries() error {
 	dir := filepath.Join(os.TempDir(), "sluice-conformance-bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -82,6 +97,24 @@ func prepareBinaries() error {
 		}
 		if err := os.Setenv(b.env, out); err != nil {
 			return err
+		}
+	}
+	if strings.Contains(*proxiesFlag, "kube-proxy/") {
+		if p := os.Getenv("KUBE_PROXY_BIN"); p != "" {
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("$KUBE_PROXY_BIN: %w", err)
+			}
+		} else {
+			// Upstream kube-proxy, built once from the Go module proxy and cached.
+			out, err := exec.Command("hack/kube-proxy-reference.sh").Output()
+			if err != nil {
+				// Tests run in the package directory; the script is at the module root.
+				out, err = exec.Command("../../hack/kube-proxy-reference.sh").Output()
+			}
+			if err != nil {
+				return fmt.Errorf("building upstream kube-proxy with hack/kube-proxy-reference.sh (or set $KUBE_PROXY_BIN): %w", err)
+			}
+			os.Setenv("KUBE_PROXY_BIN", strings.TrimSpace(string(out)))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
