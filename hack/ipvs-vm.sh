@@ -21,7 +21,9 @@
 # SLUICE_VM_TESTFLAGS (extra test-binary flags for the default suites, e.g. -test.run=Probe),
 # SLUICE_VM_SUITES (names of the default suites to run, e.g. "ipvs vm"; default all),
 # SLUICE_VM_TEST_TIMEOUT (each suite's -test.timeout, default 20m),
-# SLUICE_VM_ARTIFACTS (a host directory that receives the conformance suites' process logs),
+# SLUICE_VM_ARTIFACTS (a host directory that receives the conformance suites' process logs, and
+# their results in results/), KUBE_PROXY_BIN (upstream kube-proxy for the conformance suites;
+# default: hack/kube-proxy-reference.sh's),
 # SLUICE_CONFORMANCE_READY_TIMEOUT (the control plane's readiness limit in the guest, default 5m),
 # KUBE_APISERVER, ETCD (the control plane to run; default: hack/control-plane.sh's).
 #
@@ -41,18 +43,20 @@ MODULE_PATH="github.com/sluiceproxy/sluice"
 # differ only in flags share it), and each suite runs in a copy of its package's testdata.
 #
 # Suites built with the conformance tag get what test/conformance needs: sluice and the echo
-# server (built from this tree), kube-apiserver and etcd (hack/control-plane.sh, or
-# $KUBE_APISERVER and $ETCD), and the environment in conformance_env below. The conformance
-# suite runs whole against the ipvs backend; the SCTP case also runs against iptables and
-# nftables, because only the VM's kernel has SCTP (it is skipped on the CI host); so do the
-# echo server's and probe's own SCTP tests.
+# server (built from this tree), upstream kube-proxy (hack/kube-proxy-reference.sh, or
+# $KUBE_PROXY_BIN), kube-apiserver and etcd (hack/control-plane.sh, or $KUBE_APISERVER and
+# $ETCD), and the environment in conformance_env below. The conformance suite runs whole
+# against sluice and upstream kube-proxy in ipvs mode (two clusters, one control plane); its
+# SCTP case also runs against both in iptables and nftables mode, because only the VM's
+# kernel has SCTP (it is skipped on the CI host); so do the echo server's and probe's own
+# SCTP tests. The suites write their results to a share, and the host compares sluice's with
+# upstream's afterwards (go run ./test/conformance/checkresults).
 SUITES=(
   "ipvs ./pkg/dataplane/ipvs kernel"
   "vm ./test/vm vm"
   "echo ./test/echoserver/echo kernel"
-  "conformance-ipvs ./test/conformance conformance -backend=ipvs"
-  "sctp-iptables ./test/conformance conformance -backend=iptables -test.run=^TestConformance$/^SCTPClusterIPAndNodePort$"
-  "sctp-nftables ./test/conformance conformance -backend=nftables -test.run=^TestConformance$/^SCTPClusterIPAndNodePort$"
+  "conformance-ipvs ./test/conformance conformance -proxies=sluice/ipvs,kube-proxy/ipvs -test.parallel=24"
+  "sctp ./test/conformance conformance -proxies=sluice/iptables,sluice/nftables,kube-proxy/iptables,kube-proxy/nftables -test.parallel=24 -test.run=^TestConformance$/^SCTPClusterIPAndNodePort$"
 )
 
 # Each suite's floor: the tests (subtests included) that pass in it, at least (hack/testcount
@@ -439,19 +443,24 @@ build_suites() {
   log "test binaries built ($(since "$t0")s)"
 }
 
-# The environment of the conformance suites in the guest (test/conformance/README.md).
+# The environment of the conformance suites in the guest (test/conformance/README.md). The
+# cases mostly wait for packets, so many run at once (-test.parallel); their results go to
+# the results share.
 conformance_env=(
   SLUICE_BIN=/sluice/bin/sluice
   SLUICE_ECHOSERVER=/sluice/bin/echoserver
+  KUBE_PROXY_BIN=/sluice/bin/kube-proxy
   KUBE_APISERVER=/opt/control-plane/kube-apiserver
   ETCD=/opt/control-plane/etcd
   "SLUICE_CONFORMANCE_READY_TIMEOUT=${CONFORMANCE_READY_TIMEOUT}"
   "SLUICE_CONFORMANCE_APISERVER_FLAGS=${CONFORMANCE_APISERVER_FLAGS}"
+  SLUICE_CONFORMANCE_RESULTS=/sluice/results
 )
 
 # prepare_conformance puts into the guest what the conformance suites run: sluice and the
-# echo server built from this tree, and the control plane (copied into the initramfs, not
-# shared over 9p: see "Passing the control-plane binaries" in hack/vm/README.md).
+# echo server built from this tree, upstream kube-proxy (static, like sluice), and the
+# control plane (copied into the initramfs, not shared over 9p: see "Passing the
+# control-plane binaries" in hack/vm/README.md).
 prepare_conformance() {
   log "building sluice and the echo server"
   (cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$tmp/bin/sluice" ./cmd/sluice &&
@@ -459,6 +468,11 @@ prepare_conformance() {
     die "building sluice or the echo server failed"
   put "$tmp/bin/sluice" /sluice/bin/sluice
   put "$tmp/bin/echoserver" /sluice/bin/echoserver
+  local kube_proxy="${KUBE_PROXY_BIN:-}"
+  if [ -z "$kube_proxy" ]; then
+    kube_proxy="$("$ROOT/hack/kube-proxy-reference.sh")" || die "building upstream kube-proxy failed"
+  fi
+  put "$kube_proxy" /sluice/bin/kube-proxy
   local apiserver="${KUBE_APISERVER:-}" etcd="${ETCD:-}"
   if [ -z "$apiserver" ] || [ -z "$etcd" ]; then
     local line
@@ -480,13 +494,20 @@ read -r kpkg kversion < <(resolve_kernel)
 kdir="$(fetch_kernel "$kpkg" "$kversion")"
 kver="$(cat "$kdir/release")"
 
+results_dir=""
 if [ ${#cmd[@]} -eq 0 ]; then
   if [ -n "${SLUICE_VM_ARTIFACTS:-}" ]; then
     # The conformance suites keep every process log there (read-write 9p share).
     mkdir -p "$SLUICE_VM_ARTIFACTS"
     shares+=("${SLUICE_VM_ARTIFACTS}:/sluice/artifacts:rw")
     conformance_env+=(SLUICE_TEST_ARTIFACTS=/sluice/artifacts)
+    results_dir="${SLUICE_VM_ARTIFACTS}/results"
+  else
+    results_dir="${tmp}/results"
   fi
+  # The conformance suites' results come back over a read-write share.
+  rm -rf "$results_dir" && mkdir -p "$results_dir"
+  shares+=("${results_dir}:/sluice/results:rw")
   build_suites
 else
   printf '%q ' "${cmd[@]}" >"$overlay/sluice/run.sh"
@@ -578,6 +599,14 @@ qemu_pid=""
 boot="n/a"; [ -n "$t_ready" ] && boot="$(awk -v a="$t_boot" -v b="$t_ready" 'BEGIN { printf "%.1f", b - a }')"
 if [[ "$status" =~ ^[0-9]+$ ]]; then
   log "guest exit status ${status}; boot to command ${boot}s, VM ${kver} ran $(since "$t_boot")s, total $(since "$t_start")s"
+  # Compare sluice's conformance outcomes with upstream's (and the capability table's ipvs
+  # column with sluice's), from what the suites wrote to the results share.
+  if [ -n "$results_dir" ] && ls "$results_dir"/*.json >/dev/null 2>&1; then
+    (cd "$ROOT" && go run ./test/conformance/checkresults "$results_dir") || { [ "$status" != 0 ] || status=1; }
+  elif [ -n "$results_dir" ] && grep -q '/sluice/results' "$overlay/sluice/run.sh"; then
+    log "the conformance suites wrote no results"
+    [ "$status" != 0 ] || status=1
+  fi
   exit "$status"
 fi
 if [ "$qemu_rc" = 124 ]; then
