@@ -424,7 +424,7 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 			n.SecondaryIPs = append(n.SecondaryIPs, netip.MustParseAddr(fmt.Sprintf("%s%x", secondaryV6, 2+i)))
 		}
 		for _, a := range n.SecondaryIPs {
-			if err := addAddr(ns, "eth0", a); err != nil {
+			if err := addSecondaryAddr(ns, "eth0", a); err != nil {
 				return nil, err
 			}
 			c.name(a, name+"/eth0-secondary")
@@ -536,7 +536,11 @@ func (c *Cluster) addExternal(opts Options) error {
 		c.name(a, name)
 		if opts.IPv6 {
 			a6 := netip.MustParseAddr(fmt.Sprintf("%s%x", underlayV6, externalOffset+k))
-			if err := ip(words("-n %s addr add %s/64 dev eth0 nodad", h.NetNS, a6)...); err != nil {
+			add := addAddr
+			if k > 0 {
+				add = addSecondaryAddr // a probe binds it when it means to use it
+			}
+			if err := add(h.NetNS, "eth0", a6); err != nil {
 				return err
 			}
 			c.ExternalIPs = append(c.ExternalIPs, a6)
@@ -552,7 +556,7 @@ func (c *Cluster) addExternal(opts Options) error {
 			c.ExternalSecondaryIPs = append(c.ExternalSecondaryIPs, netip.MustParseAddr(fmt.Sprintf("%s%x", secondaryV6, externalOffset)))
 		}
 		for _, a := range c.ExternalSecondaryIPs {
-			if err := addAddr(h.NetNS, "eth0", a); err != nil {
+			if err := addSecondaryAddr(h.NetNS, "eth0", a); err != nil {
 				return err
 			}
 			c.name(a, "external/secondary")
@@ -570,6 +574,20 @@ func addAddr(ns, dev string, a netip.Addr) error {
 		return ip(words("-n %s addr add %s/24 dev %s", ns, a, dev)...)
 	}
 	return ip(words("-n %s addr add %s/64 dev %s nodad", ns, a, dev)...)
+}
+
+// addSecondaryAddr is addAddr for an address that must never be picked as a source by
+// itself. IPv4 picks the first address of the subnet a route's gateway is in, so a second
+// subnet's address is only used for its own subnet; IPv6 picks among all of an
+// interface's addresses by RFC 6724's rules, whose last tie-breaker would pick the newest.
+// An IPv6 address with a preferred lifetime of 0 is deprecated: still answered, and used
+// when a socket binds it, but never chosen (RFC 6724 rule 3), so masquerading and
+// unbound clients keep using the host's primary address.
+func addSecondaryAddr(ns, dev string, a netip.Addr) error {
+	if a.Is4() {
+		return addAddr(ns, dev, a)
+	}
+	return ip(words("-n %s addr add %s/64 dev %s nodad preferred_lft 0", ns, a, dev)...)
 }
 
 // nthAddr is the n-th address of prefix p (n small).
