@@ -311,8 +311,17 @@ func (cl *cluster) sourceAddr(name string, like netip.Addr) netip.Addr {
 	panic("conformance: the external client has no address " + name + " in the family of " + like.String())
 }
 
-// probe sends one probe from c to tg in the cluster.
+// answerTimeout is how long a probe that expects an answer waits: a lost SYN is sent again
+// after a second, and on a 2-core machine running eight proxies, sixteen echo servers and
+// the control plane, the answer to the retransmission can take another second to be
+// scheduled. Waiting longer costs time only when the probe fails.
+const answerTimeout = 2500 * time.Millisecond
+
+// probe sends one probe from c to tg in the cluster; a zero timeout is answerTimeout.
 func (cl *cluster) probe(c client, tg target, timeout time.Duration) echo.Outcome {
+	if timeout == 0 {
+		timeout = answerTimeout
+	}
 	opts := echo.ProbeOptions{Timeout: timeout}
 	if c.source != "" {
 		opts.Source = cl.sourceAddr(c.source, tg.addr.Addr())
