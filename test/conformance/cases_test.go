@@ -75,6 +75,7 @@ func TestConformance(t *testing.T) {
 	for _, c := range disruptiveCases {
 		t.Run(c.name, func(t *testing.T) { runCase(t, e, c.name, allFamilies, c.run) })
 	}
+	e.waitInSync(t)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

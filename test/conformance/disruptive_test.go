@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -355,4 +357,54 @@ func relistEvidence(log string) string {
 		}
 	}
 	return "410 Gone for the Service watch, but no relist after it in the log"
+}
+
+// syncTimeout bounds waitInSync. After an apiserver restart a proxy's informers may be
+// backing off from failed watches (up to 30s, client-go's reflector) before they relist.
+const syncTimeout = 3 * time.Minute
+
+// waitInSync waits until every proxy has caught up with the apiserver after the disruptive
+// cases: a new dual-stack Service is answered over both its ClusterIPs from a pod on each
+// node of every cluster. Without it, the first cases after an apiserver restart would
+// measure how long a proxy's informers back off, not what they are about.
+func (e *env) waitInSync(t *testing.T) {
+	started := time.Now()
+	ns := e.namespace(t)
+	svc := e.createService(t, dualStack, service(ns, "in-sync", corev1.ServiceTypeClusterIP, httpPort))
+	defer e.deleteService(t, svc)
+	e.setEndpoints(t, svc, ready("a0"))
+	tgs := clusterIPs(t, svc, "http")
+	var wg sync.WaitGroup
+	errs := make(chan error, len(e.clusters)*2*len(tgs))
+	for _, cl := range e.clusters {
+		for _, pod := range []string{"a1", "b1"} {
+			for _, tg := range tgs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					deadline := time.Now().Add(syncTimeout)
+					for {
+						o := cl.probe(from(pod), tg, 0)
+						if o.Result == echo.Answered {
+							return
+						}
+						if time.Now().After(deadline) {
+							errs <- fmt.Errorf("[%s] %s -> %s: %s after %s", cl.name, pod, tg.name, o, syncTimeout)
+							return
+						}
+						time.Sleep(200 * time.Millisecond)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("after the disruptive cases, a proxy did not catch up: %v", err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("every proxy in sync %.1fs after the disruptive cases", time.Since(started).Seconds())
 }
