@@ -67,7 +67,24 @@ const (
 
 // convergeTimeout bounds every wait for a proxy to program a change. It syncs within
 // minSyncPeriod (1s here) of a change; the margin covers a loaded 2-core CI machine.
-var convergeTimeout = 30 * time.Second
+// $SLUICE_CONFORMANCE_CONVERGE_TIMEOUT (a Go duration) overrides it: under emulation (the
+// IPVS VM) a sync of upstream's ipvs mode, which rewrites everything, takes many seconds.
+var convergeTimeout = durationFromEnv("SLUICE_CONFORMANCE_CONVERGE_TIMEOUT", 30*time.Second)
+
+// durationFromEnv reads a Go duration from the environment variable, or returns def. A
+// value that is not a positive duration panics: the suite must not run with a knob it
+// misread.
+func durationFromEnv(name string, def time.Duration) time.Duration {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		panic(fmt.Sprintf("$%s=%q: want a positive duration such as 90s", name, s))
+	}
+	return d
+}
 
 // zoneOf is the zone label the suite gives each node.
 var zoneOf = map[string]string{"node-a": "zone-a", "node-b": "zone-b"}
@@ -145,7 +162,7 @@ func setup(t *testing.T) *env {
 		BindAddress:         first.APIAddress().String(),
 		ServiceCIDRs:        controlplane.DualStackServiceCIDRs(),
 		LogDir:              filepath.Join(first.LogDir, "controlplane"),
-		ReadyTimeout:        readyTimeout(t),
+		ReadyTimeout:        readyTimeout(),
 		ExtraAPIServerFlags: strings.Fields(os.Getenv("SLUICE_CONFORMANCE_APISERVER_FLAGS")),
 	})
 	e.kube = e.cp.AdminClient()
@@ -260,17 +277,7 @@ func (e *env) saveResults(t *testing.T, took time.Duration) {
 // and when a case restarts the apiserver: $SLUICE_CONFORMANCE_READY_TIMEOUT (a Go
 // duration), else the control plane's default (90s). The IPVS VM sets it: under emulation
 // (TCG) kube-apiserver takes minutes.
-func readyTimeout(t *testing.T) time.Duration {
-	s := os.Getenv("SLUICE_CONFORMANCE_READY_TIMEOUT")
-	if s == "" {
-		return 0
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		t.Fatalf("$SLUICE_CONFORMANCE_READY_TIMEOUT=%q: want a positive duration such as 5m", s)
-	}
-	return d
-}
+func readyTimeout() time.Duration { return durationFromEnv("SLUICE_CONFORMANCE_READY_TIMEOUT", 0) }
 
 func (e *env) registerNode(t *testing.T, n *topology.Node) {
 	ctx := t.Context()
@@ -417,9 +424,12 @@ func (e *env) waitHealthy(cl *cluster, n *topology.Node) error {
 }
 
 // firstSyncTimeout bounds the wait for a proxy's first sync. On the host it takes a
-// second; under emulation (the IPVS VM) each iptables command costs most of a second and
-// a first sync of both families half a minute.
-const firstSyncTimeout = 3 * time.Minute
+// second; under emulation (the IPVS VM) each iptables command costs most of a second, and
+// a first sync of both families half a minute, or minutes on a busy host: there it is
+// twice the control plane's readiness limit.
+func firstSyncTimeout() time.Duration {
+	return max(3*time.Minute, 2*readyTimeout())
+}
 
 // lastSyncMetric is the gauge sluice (and kube-proxy) set after every successful sync, per
 // IP family.
@@ -433,7 +443,7 @@ const lastSyncMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 func (e *env) waitSynced(cl *cluster, n *topology.Node) error {
 	url := "http://127.0.0.1:10249/metrics"
 	var last string
-	deadline := time.Now().Add(firstSyncTimeout)
+	deadline := time.Now().Add(firstSyncTimeout())
 	for time.Now().Before(deadline) {
 		if err := cl.running(); err != nil {
 			return err
@@ -456,7 +466,7 @@ func (e *env) waitSynced(cl *cluster, n *topology.Node) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return fmt.Errorf("%s on %s: no first sync within %s (%s: %s)\n%s", cl.name, n.Name, firstSyncTimeout, url, last, cl.proc(n.Name).Tail(40))
+	return fmt.Errorf("%s on %s: no first sync within %s (%s: %s)\n%s", cl.name, n.Name, firstSyncTimeout(), url, last, cl.proc(n.Name).Tail(40))
 }
 
 // syncedFamilies reads the last-sync gauge from a Prometheus text exposition: the families
@@ -721,8 +731,10 @@ func (e *env) setSlice(t testing.TB, svc *corev1.Service, suffix string, eps ...
 // ---- talking to hosts ----------------------------------------------------------------------
 
 // httpGetBody fetches url from inside host's namespace and returns the body of a 200 answer.
+// The timeout is generous: kube-proxy's metrics page is long, and under emulation it takes
+// seconds to write.
 func httpGetBody(h *topology.Host, url string) (string, error) {
-	client := &http.Client{Transport: hostTransport(h), Timeout: 2 * time.Second}
+	client := &http.Client{Transport: hostTransport(h), Timeout: 15 * time.Second}
 	resp, err := client.Get(url)
 	if err != nil {
 		return "", err
