@@ -453,8 +453,8 @@ func podToExternalIP(t *T) {
 // idle period below it lasts, how many of them, and how many idle periods past it show
 // that the affinity is still held.
 const (
-	affinityTimeout   = 10 * time.Second
-	affinityBelow     = affinityTimeout - 2*time.Second
+	affinityTimeout   = 12 * time.Second
+	affinityBelow     = affinityTimeout - 3*time.Second
 	affinityBelowRuns = 3
 	affinityPast      = affinityTimeout + 1500*time.Millisecond
 	affinityPastRuns  = 8
@@ -513,7 +513,7 @@ func sessionAffinityClientIP(t *T) {
 			return func(cl *cluster) string { return outcomes.get(cl)[tg.name][i] }
 		}
 		t.run(check{what: what + ": 20 connections", want: []string{"one pod"}, observe: phase(0), once: true})
-		t.run(check{what: what + fmt.Sprintf(": after %d idle periods of timeoutSeconds-2s", affinityBelowRuns), want: []string{"the same pod"}, observe: phase(1), once: true})
+		t.run(check{what: what + fmt.Sprintf(": after %d idle periods of timeoutSeconds-3s", affinityBelowRuns), want: []string{"the same pod"}, observe: phase(1), once: true})
 		t.run(check{
 			what: what + ": idle periods of timeoutSeconds+1.5s", capability: "AffinityHeldByClosedConnections",
 			variant: fmt.Sprintf("%s %s", tg.proto, tg.fam()), allowed: []string{affinityExpired, affinityHeld},
@@ -533,11 +533,13 @@ var (
 func (cl *cluster) affinitySequence(c client, tg target) []string {
 	out := []string{"not reached", "not reached", "not reached"}
 	var pinned string
+	var last time.Time // when the last probe started: its SYN refreshed the affinity
 	deadline := time.Now().Add(convergeTimeout)
 	for {
 		pinned = ""
 		ok := true
 		for range 20 {
+			last = time.Now()
 			o := cl.probe(c, tg, 0)
 			if o.Result != echo.Answered || (pinned != "" && o.Reply.Pod != pinned) {
 				ok = false
@@ -555,14 +557,18 @@ func (cl *cluster) affinitySequence(c client, tg target) []string {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// Waiting is the behaviour under test here, not a wait for the proxy. A probe that
-	// times out says nothing about the affinity (its SYN may not even have reached the
-	// node), so it is made again at once, with a short timeout: the second try is still
-	// inside timeoutSeconds.
+	// Waiting is the behaviour under test here, not a wait for the proxy. Idle periods
+	// count from the start of the last probe (its SYN refreshed the affinity), not from
+	// its answer, which a busy machine may delay. A probe that times out says nothing
+	// about the affinity (its SYN may not even have reached the node), so it is made
+	// again at once, with a short timeout: the second try is still well inside
+	// timeoutSeconds.
 	for i := range affinityBelowRuns {
-		time.Sleep(affinityBelow)
+		time.Sleep(time.Until(last.Add(affinityBelow)))
+		last = time.Now()
 		o := cl.probe(c, tg, echo.DefaultTimeout)
 		if o.Result == echo.Timeout {
+			last = time.Now()
 			o = cl.probe(c, tg, echo.DefaultTimeout)
 		}
 		if o.Result != echo.Answered || o.Reply.Pod != pinned {
@@ -574,6 +580,9 @@ func (cl *cluster) affinitySequence(c client, tg target) []string {
 	for range affinityPastRuns {
 		time.Sleep(affinityPast)
 		o := cl.probe(c, tg, 0)
+		if o.Result == echo.Timeout {
+			o = cl.probe(c, tg, 0) // a lost SYN says nothing either way
+		}
 		if o.Result != echo.Answered {
 			out[2] = cl.token(o, false)
 			return out
@@ -589,6 +598,9 @@ func (cl *cluster) affinitySequence(c client, tg target) []string {
 	for range 6 {
 		time.Sleep(affinityPast + ipvsTCPTimeWait + 5*time.Second)
 		o := cl.probe(c, tg, 0)
+		if o.Result == echo.Timeout {
+			o = cl.probe(c, tg, 0)
+		}
 		if o.Result != echo.Answered {
 			out[2] = cl.token(o, false)
 			return out
