@@ -202,8 +202,12 @@ func (s *Server) Close() {
 }
 
 // idleTimeout bounds how long an answered stream connection stays open waiting for more
-// lines, so that abandoned clients do not pile up.
-const idleTimeout = 30 * time.Second
+// lines, so that abandoned clients do not pile up. It is longer than any case that holds a
+// connection open across a disruption can take: the conformance suite's proxy restart keeps
+// one idle while it waits, check by check, for the new process to converge (each check up
+// to its convergence limit, 90 s in the emulated VM), and a connection closed by the server
+// there would read as a connection the restart broke.
+const idleTimeout = 10 * time.Minute
 
 func (s *Server) serveStream(ctx context.Context, l streamListener) error {
 	for {
