@@ -419,14 +419,7 @@ func loadBalancerSourceRangesSpareNodePorts(t *T) {
 // spec.externalIPs are served to the external client through the node the address is
 // routed to, masqueraded to that node's address facing the endpoint.
 func externalIP(t *T) {
-	svc := t.service("extip", corev1.ServiceTypeClusterIP, httpPort, dnsPort)
-	ips := t.e.vips(t, externalVIP, svc, "node-b")
-	svc = t.e.updateService(t, svc, func(s *corev1.Service) {
-		for _, a := range ips {
-			s.Spec.ExternalIPs = append(s.Spec.ExternalIPs, a.String())
-		}
-	})
-	t.endpoints(svc, ready("a0"), ready("b0"))
+	svc, ips := t.serviceWithExternalIPs("extip", "node-b")
 	for _, p := range []string{"http", "dns"} {
 		t.expectSeenAs(from("external"), vipTargets(t, externalVIP, ips, svc, p), masqueradedBy("node-b", "a0", "b0"))
 	}
@@ -436,17 +429,24 @@ func externalIP(t *T) {
 // the cluster: every endpoint answers, and sees the pod masqueraded to its node's address
 // facing the endpoint.
 func podToExternalIP(t *T) {
-	svc := t.service("pod-extip", corev1.ServiceTypeClusterIP, httpPort, dnsPort)
-	ips := t.e.vips(t, externalVIP, svc, "node-b")
+	svc, ips := t.serviceWithExternalIPs("pod-extip", "node-b")
+	for _, p := range []string{"http", "dns"} {
+		t.expectSeenAs(from("a1"), vipTargets(t, externalVIP, ips, svc, p), masqueradedBy("node-a", "a0", "b0"))
+	}
+}
+
+// serviceWithExternalIPs creates a ClusterIP Service (http and dns) with an external IP
+// per family routed to node, and endpoints a0 and b0.
+func (t *T) serviceWithExternalIPs(name, node string) (*corev1.Service, []netip.Addr) {
+	svc := t.service(name, corev1.ServiceTypeClusterIP, httpPort, dnsPort)
+	ips := t.e.vips(t, externalVIP, svc, node)
 	svc = t.e.updateService(t, svc, func(s *corev1.Service) {
 		for _, a := range ips {
 			s.Spec.ExternalIPs = append(s.Spec.ExternalIPs, a.String())
 		}
 	})
 	t.endpoints(svc, ready("a0"), ready("b0"))
-	for _, p := range []string{"http", "dns"} {
-		t.expectSeenAs(from("a1"), vipTargets(t, externalVIP, ips, svc, p), masqueradedBy("node-a", "a0", "b0"))
-	}
+	return svc, ips
 }
 
 // The ClientIP affinity settings of SessionAffinityClientIP: timeoutSeconds, how long an

@@ -90,14 +90,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 	})
 
 	t.Run("nodes reach the apiserver bridge in the test's namespace", func(t *testing.T) {
-		srv, err := echo.Listen(echo.ServerConfig{Pod: "apiserver", Ports: []uint16{16443}, Protocols: []echo.Protocol{echo.TCP}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(ctx) }()
-		defer func() { cancel(); <-done }() //nolint:errcheck // only waits for Serve to stop; the test checks the traffic
+		serveAPIEcho(t)
 		for _, n := range c.Nodes {
 			out := expect(t, n.Name+" -> apiserver", n.Probe(echo.TCP, netip.AddrPortFrom(c.APIAddress(), 16443), echo.ProbeOptions{}), echo.Answered)
 			if out.Result == echo.Answered && out.Reply.Remote.Addr() != n.APIAddress {
@@ -114,7 +107,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		mustRun(t, &nodeB.Host, "nft", "add", "table", "inet", "selftest")
 		mustRun(t, &nodeB.Host, "nft", "add chain inet selftest dropper { type filter hook forward priority 0 ; }")
 		mustRun(t, &nodeB.Host, "nft", "add rule inet selftest dropper ip daddr "+b0.IPv4.String()+" drop")
-		defer func() { _, _ = nodeB.Run("nft", "delete", "table", "inet", "selftest") }()
+		defer nodeB.Run("nft", "delete", "table", "inet", "selftest")
 		dropped := netip.AddrPortFrom(b0.IPv4, 8080)
 		short := echo.ProbeOptions{Timeout: 500 * time.Millisecond}
 		expect(t, "tcp to a dropped destination", a0.Probe(echo.TCP, dropped, short), echo.Timeout)
@@ -253,11 +246,11 @@ func TestTeardownRemovesWhatACrashedRunLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	waited := make(chan struct{})
-	go func() { _ = sleeper.Wait(); close(waited) }()
+	go func() { sleeper.Wait(); close(waited) }()
 	t.Cleanup(func() {
 		_ = sleeper.Process.Kill()
-		_ = exec.Command("ip", "netns", "del", ns).Run()
-		_ = exec.Command("ip", "link", "del", link).Run()
+		exec.Command("ip", "netns", "del", ns).Run()
+		exec.Command("ip", "link", "del", link).Run()
 	})
 
 	// A run in progress (this process) must survive Teardown.
@@ -288,14 +281,7 @@ func TestTopologiesShareAnAPIServerBridgeAndNodesHaveSecondaryAddresses(t *testi
 	if a, b := first.Nodes[0].APIAddress, second.Nodes[0].APIAddress; a == b {
 		t.Fatalf("both topologies' node-a have api0 address %s", a)
 	}
-	srv, err := echo.Listen(echo.ServerConfig{Pod: "apiserver", Ports: []uint16{16443}, Protocols: []echo.Protocol{echo.TCP}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
+	serveAPIEcho(t)
 	for _, c := range []*Cluster{first, second} {
 		n := c.Nodes[0]
 		out := expect(t, c.ID+" node-a -> apiserver", n.Probe(echo.TCP, netip.AddrPortFrom(first.APIAddress(), 16443), echo.ProbeOptions{}), echo.Answered)
@@ -341,4 +327,18 @@ func TestTopologiesShareAnAPIServerBridgeAndNodesHaveSecondaryAddresses(t *testi
 			t.Errorf("AddressName(%s) = %q", a, got)
 		}
 	}
+}
+
+// serveAPIEcho stands in for the apiserver: an echo server on TCP 16443 in the test's
+// namespace, stopped when the test ends.
+func serveAPIEcho(t *testing.T) {
+	t.Helper()
+	srv, err := echo.Listen(echo.ServerConfig{Pod: "apiserver", Ports: []uint16{16443}, Protocols: []echo.Protocol{echo.TCP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
