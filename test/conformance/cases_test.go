@@ -343,13 +343,7 @@ func (t *T) expectHealthCheck(svc *corev1.Service, node string, code int) {
 // endpoints and preserves the client address, and its healthCheckNodePort tells the
 // load balancer which nodes have local endpoints (200) and which do not (503).
 func loadBalancerLocalWithHealthCheck(t *T) {
-	svc := t.serviceWith("lb-local", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
-		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-	}, httpPort)
-	t.endpoints(svc, ready("a0"), ready("b0"))
-	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
-	svc = t.e.setLoadBalancerIngress(t, svc, lbs...)
-	tgs := vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+	svc, lbs, tgs := t.localLoadBalancer("lb-local")
 	t.expectSeenAs(from("external"), tgs, seenAs("external", "a0"))
 	for _, a := range lbs {
 		t.e.routeVIP(t, a, "node-b")
@@ -362,18 +356,25 @@ func loadBalancerLocalWithHealthCheck(t *T) {
 	t.expectCapability("ExternalNoLocalEndpoints", notAnswered, from("external"), tgs)
 }
 
-// With externalTrafficPolicy Local, a node whose local endpoints are all terminating but
-// still serving keeps sending external traffic to them rather than dropping it (local and
-// cluster endpoints fall back independently), while its healthCheckNodePort already
-// answers 503, so the load balancer drains the node.
-func localPolicyDrainsLocalTerminatingEndpoints(t *T) {
-	svc := t.serviceWith("lb-drain", corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
+// localLoadBalancer creates a LoadBalancer Service (http) with externalTrafficPolicy
+// Local, endpoints a0 and b0, and an ingress IP per family routed to node-a; it returns the
+// Service, those IPs and their http targets.
+func (t *T) localLoadBalancer(name string) (*corev1.Service, []netip.Addr, []target) {
+	svc := t.serviceWith(name, corev1.ServiceTypeLoadBalancer, func(s *corev1.Service) {
 		s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	}, httpPort)
 	t.endpoints(svc, ready("a0"), ready("b0"))
 	lbs := t.e.vips(t, loadBalancerVIP, svc, "node-a")
 	svc = t.e.setLoadBalancerIngress(t, svc, lbs...)
-	tgs := vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+	return svc, lbs, vipTargets(t, loadBalancerVIP, lbs, svc, "http")
+}
+
+// With externalTrafficPolicy Local, a node whose local endpoints are all terminating but
+// still serving keeps sending external traffic to them rather than dropping it (local and
+// cluster endpoints fall back independently), while its healthCheckNodePort already
+// answers 503, so the load balancer drains the node.
+func localPolicyDrainsLocalTerminatingEndpoints(t *T) {
+	svc, _, tgs := t.localLoadBalancer("lb-drain")
 	t.expectBackends(from("external"), tgs, "a0")
 
 	t.endpoints(svc, terminating("a0", true), ready("b0"))
