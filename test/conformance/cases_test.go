@@ -5,6 +5,7 @@ package conformance
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,18 +68,15 @@ var disruptiveCases = []conformanceCase{
 	{name: "DeletesMissedInAWatchGap", run: deletesMissedInAWatchGap},
 }
 
-// TestConformance builds the environment once and runs every case against it: the
-// disruptive ones one by one, then the others in parallel, each in every family variant
+// TestConformance builds the environment once and runs every case against it: first the
+// cases a restricted cluster runs (-proxies "sluice/iptables:SCTPClusterIPAndNodePort"),
+// each with its variants in parallel, after which the restricted clusters stop; then the
+// disruptive ones one by one; then the others in parallel, each in every family variant
 // (each case and variant owns its namespace, Services and virtual IPs).
 func TestConformance(t *testing.T) {
 	e := setup(t)
-	for _, c := range disruptiveCases {
-		t.Run(c.name, func(t *testing.T) { runCase(t, e, c.name, allFamilies, c.run) })
-	}
-	e.waitInSync(t)
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+	variantsOf := func(c conformanceCase) func(t *testing.T) {
+		return func(t *testing.T) {
 			variants := c.variants
 			if variants == nil {
 				variants = familyVariants
@@ -89,7 +87,55 @@ func TestConformance(t *testing.T) {
 					runCase(t, e, c.name, f, c.run)
 				})
 			}
+		}
+	}
+	early := e.restrictedCases()
+	for _, c := range cases {
+		if slices.Contains(early, c.name) {
+			t.Run(c.name, variantsOf(c))
+		}
+	}
+	e.stopRestricted(t)
+	for _, c := range disruptiveCases {
+		t.Run(c.name, func(t *testing.T) { runCase(t, e, c.name, allFamilies, c.run) })
+	}
+	e.waitInSync(t)
+	for _, c := range cases {
+		if slices.Contains(early, c.name) {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			variantsOf(c)(t)
 		})
+	}
+}
+
+// restrictedCases are the cases some restricted cluster runs. They run before the others,
+// so that the restricted clusters can stop early: their proxies would otherwise program
+// every other case's Services, for nothing (in the emulated IPVS VM, for minutes).
+func (e *env) restrictedCases() []string {
+	var out []string
+	for _, cl := range e.clusters {
+		for _, name := range cl.only {
+			if !slices.Contains(out, name) {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
+
+// stopRestricted stops the proxies of the restricted clusters, whose cases have run.
+func (e *env) stopRestricted(t *testing.T) {
+	for _, cl := range e.clusters {
+		if cl.only == nil {
+			continue
+		}
+		for _, p := range cl.processes() {
+			p.Stop()
+		}
+		t.Logf("cluster %s ran its cases (%s) and stopped", cl.name, strings.Join(cl.only, ", "))
 	}
 }
 

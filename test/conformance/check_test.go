@@ -70,6 +70,9 @@ func runCase(t *testing.T, e *env, name string, fam family, fn func(*T)) {
 	t.Cleanup(func() {
 		took := time.Since(started).Seconds()
 		for _, cl := range e.clusters {
+			if !cl.runs(name) {
+				continue
+			}
 			result := "pass"
 			switch {
 			case t.Skipped():
@@ -110,13 +113,13 @@ func (t *T) fail(cl *cluster, format string, args ...any) {
 	t.Errorf("[%s] "+format, append([]any{cl.name}, args...)...)
 }
 
-// clusters are the clusters that have not failed the case.
+// clusters are the clusters that run the case and have not failed it.
 func (t *T) clusters() []*cluster {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []*cluster
 	for _, cl := range t.e.clusters {
-		if !t.failed[cl] {
+		if cl.runs(t.name) && !t.failed[cl] {
 			out = append(out, cl)
 		}
 	}

@@ -36,6 +36,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,9 +119,18 @@ type cluster struct {
 	binary  string
 	topo    *topology.Cluster
 
+	// only names the cases the cluster runs, when -proxies restricts it (nil: every
+	// case). A restricted cluster runs its cases first and then stops its proxies.
+	only []string
+
 	mu    sync.Mutex
 	procs map[string]*topology.Process // the proxy in each node, by node name
 	run   results.Run
+}
+
+// runs reports whether the cluster takes part in the named case.
+func (cl *cluster) runs(caseName string) bool {
+	return cl.only == nil || slices.Contains(cl.only, caseName)
 }
 
 // setup builds the whole environment for t, or fails it.
@@ -140,8 +150,8 @@ func setup(t *testing.T) *env {
 	}
 	kernel, _ := exec.Command("uname", "-r").Output()
 	for i, s := range specs {
-		cl := &cluster{name: s.proxy + "/" + s.backend, proxy: s.proxy, backend: s.backend, binary: s.binary, procs: map[string]*topology.Process{}}
-		cl.run = results.Run{Proxy: s.proxy, Backend: s.backend, Kernel: strings.TrimSpace(string(kernel)), Complete: runFilter() == ""}
+		cl := &cluster{name: s.proxy + "/" + s.backend, proxy: s.proxy, backend: s.backend, binary: s.binary, only: s.only, procs: map[string]*topology.Process{}}
+		cl.run = results.Run{Proxy: s.proxy, Backend: s.backend, Kernel: strings.TrimSpace(string(kernel)), Complete: runFilter() == "" && s.only == nil}
 		if v, err := exec.Command(s.binary, "--version").CombinedOutput(); err == nil {
 			cl.run.Version = strings.TrimSpace(string(v))
 		}
@@ -203,10 +213,15 @@ func setup(t *testing.T) *env {
 }
 
 // proxySpec is one entry of -proxies.
-type proxySpec struct{ proxy, backend, binary string }
+type proxySpec struct {
+	proxy, backend, binary string
+	only                   []string // the cases the cluster is restricted to; nil: every case
+}
 
 // proxiesUnderTest reads -proxies ("sluice/iptables,kube-proxy/iptables"; default
-// "sluice/<backend>"), with the binaries from $SLUICE_BIN and $KUBE_PROXY_BIN.
+// "sluice/<backend>"), with the binaries from $SLUICE_BIN and $KUBE_PROXY_BIN. An entry
+// may restrict its cluster to some cases: "sluice/iptables:SCTPClusterIPAndNodePort" (cases
+// joined by "+").
 func proxiesUnderTest() ([]proxySpec, error) {
 	list := *proxiesFlag
 	if list == "" {
@@ -214,9 +229,19 @@ func proxiesUnderTest() ([]proxySpec, error) {
 	}
 	var specs []proxySpec
 	for _, item := range strings.Split(list, ",") {
-		proxy, mode, ok := strings.Cut(strings.TrimSpace(item), "/")
+		item, restrict, restricted := strings.Cut(strings.TrimSpace(item), ":")
+		proxy, mode, ok := strings.Cut(item, "/")
 		if !ok {
-			return nil, fmt.Errorf("-proxies: %q is not <proxy>/<mode>", item)
+			return nil, fmt.Errorf("-proxies: %q is not <proxy>/<mode>[:<case>+...]", item)
+		}
+		var only []string
+		if restricted {
+			for _, name := range strings.Split(restrict, "+") {
+				if !slices.ContainsFunc(cases, func(c conformanceCase) bool { return c.name == name }) {
+					return nil, fmt.Errorf("-proxies: %s: %q is not a case a cluster can be restricted to (the disruptive cases need every cluster)", item, name)
+				}
+				only = append(only, name)
+			}
 		}
 		switch mode {
 		case "iptables", "nftables", "ipvs":
@@ -235,7 +260,7 @@ func proxiesUnderTest() ([]proxySpec, error) {
 		if bin == "" {
 			return nil, fmt.Errorf("-proxies: no binary for %s (TestMain prepares $SLUICE_BIN and $KUBE_PROXY_BIN)", proxy)
 		}
-		specs = append(specs, proxySpec{proxy: proxy, backend: mode, binary: bin})
+		specs = append(specs, proxySpec{proxy: proxy, backend: mode, binary: bin, only: only})
 	}
 	return specs, nil
 }
