@@ -710,13 +710,7 @@ func (f *udpFlow) send(cl *cluster) string {
 func udpFlowFollowsReplacedBackend(t *T) {
 	svc := t.service("udp", corev1.ServiceTypeNodePort, dnsPort)
 	t.endpoints(svc, ready("a0"))
-	var flows []*udpFlow
-	for _, tg := range clusterIPs(t, svc, "dns") {
-		flows = append(flows, t.dialUDP(from("b1"), tg))
-	}
-	for _, tg := range t.e.nodePorts(t, svc, "dns", "node-a") {
-		flows = append(flows, t.dialUDP(from("external"), tg))
-	}
+	flows := t.dnsFlows(svc)
 	for _, f := range flows {
 		t.expectFlow(f, "", answeredBy("a0"))
 	}
@@ -836,13 +830,9 @@ func localPolicyDoesNotApplyToClusterClients(t *T) {
 	t.expectBackends(from("node-a"), tgs, "b0")
 }
 
-// A UDP client that started sending before the Service had endpoints (refused) gets
-// through, from the same socket, once endpoints appear: the flow's conntrack entry, made
-// without NAT, is cleaned up. Through a ClusterIP from a pod and a NodePort from outside,
-// in each family.
-func udpFlowRecoversWhenEndpointsAppear(t *T) {
-	svc := t.service("udp-late", corev1.ServiceTypeNodePort, dnsPort)
-	t.endpoints(svc)
+// dnsFlows opens a UDP flow to the Service's dns port from b1 to each ClusterIP and from
+// the external client to each of node-a's NodePorts.
+func (t *T) dnsFlows(svc *corev1.Service) []*udpFlow {
 	var flows []*udpFlow
 	for _, tg := range clusterIPs(t, svc, "dns") {
 		flows = append(flows, t.dialUDP(from("b1"), tg))
@@ -850,6 +840,17 @@ func udpFlowRecoversWhenEndpointsAppear(t *T) {
 	for _, tg := range t.e.nodePorts(t, svc, "dns", "node-a") {
 		flows = append(flows, t.dialUDP(from("external"), tg))
 	}
+	return flows
+}
+
+// A UDP client that started sending before the Service had endpoints (refused) gets
+// through, from the same socket, once endpoints appear: the flow's conntrack entry, made
+// without NAT, is cleaned up. Through a ClusterIP from a pod and a NodePort from outside,
+// in each family.
+func udpFlowRecoversWhenEndpointsAppear(t *T) {
+	svc := t.service("udp-late", corev1.ServiceTypeNodePort, dnsPort)
+	t.endpoints(svc)
+	flows := t.dnsFlows(svc)
 	for _, f := range flows {
 		t.expectFlow(f, " while the Service has no endpoints", refused)
 	}
