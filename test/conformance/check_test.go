@@ -577,7 +577,10 @@ func (t *T) expectCapability(capability string, allowed []string, c client, tgs 
 	t.Helper()
 	for _, tg := range tgs {
 		t.run(check{
-			what:       fmt.Sprintf("%s -> %s", c, tg.name),
+			// The capability in the name tells this check from the case's other checks
+			// of the same target (the one proving the Service programmed), so that a
+			// declared difference names exactly this one.
+			what:       fmt.Sprintf("%s -> %s: %s", c, tg.name, capability),
 			capability: capability,
 			variant:    fmt.Sprintf("%s %s", tg.proto, tg.fam()),
 			allowed:    allowed,
