@@ -240,12 +240,56 @@ func ip(args ...string) error {
 	return nil
 }
 
-// script runs `ip` commands in order, stopping at the first failure.
+// script runs `ip` commands in order, stopping at the first failure. Consecutive commands
+// in the same namespace run as one `ip [-n NS] -batch -`: under emulation (the IPVS VM) each
+// exec of ip costs over half a second, and a topology is built from a hundred commands.
 func script(cmds ...[]string) error {
-	for _, args := range cmds {
-		if err := ip(args...); err != nil {
+	for i := 0; i < len(cmds); {
+		ns, line, ok := batchLine(cmds[i])
+		j := i + 1
+		lines := []string{line}
+		for ok && j < len(cmds) {
+			ns2, line2, ok2 := batchLine(cmds[j])
+			if !ok2 || ns2 != ns {
+				break
+			}
+			lines = append(lines, line2)
+			j++
+		}
+		if len(lines) == 1 {
+			if err := ip(cmds[i]...); err != nil {
+				return err
+			}
+		} else if err := ipBatch(ns, lines); err != nil {
 			return err
 		}
+		i = j
+	}
+	return nil
+}
+
+// batchLine splits an ip command into its namespace ("" for the test's own) and the line
+// `ip -batch` reads. Batch lines take no options, so a command with one (-6) runs alone.
+func batchLine(args []string) (ns, line string, ok bool) {
+	if len(args) >= 3 && args[0] == "-n" {
+		ns, args = args[1], args[2:]
+	}
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return "", "", false
+	}
+	return ns, strings.Join(args, " "), true
+}
+
+// ipBatch runs lines with `ip -batch -`, in namespace ns unless it is empty.
+func ipBatch(ns string, lines []string) error {
+	var args []string
+	if ns != "" {
+		args = append(args, "-n", ns)
+	}
+	cmd := exec.Command("ip", append(args, "-batch", "-")...)
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ip %s -batch (%s): %w: %s", strings.Join(args, " "), strings.Join(lines, "; "), err, bytes.TrimSpace(out))
 	}
 	return nil
 }
@@ -297,23 +341,21 @@ func (c *Cluster) build(opts Options) error {
 		return err
 	}
 	u := c.Underlay
-	if err := script(
+	cmds := [][]string{
 		words("-n %s link add br0 type bridge", u),
 		words("-n %s addr add %s.1/24 dev br0", u, underlayV4),
 		words("-n %s link set br0 up", u),
 		words("-n %s route add blackhole default", u),
-	); err != nil {
-		return err
 	}
 	c.name(netip.MustParseAddr(underlayV4+".1"), "gateway")
 	if opts.IPv6 {
-		if err := script(
+		cmds = append(cmds,
 			words("-n %s addr add %s1/64 dev br0 nodad", u, underlayV6),
-			words("-n %s -6 route add blackhole default", u),
-		); err != nil {
-			return err
-		}
+			words("-n %s route add blackhole ::/0", u))
 		c.name(netip.MustParseAddr(underlayV6+"1"), "gateway")
+	}
+	if err := script(cmds...); err != nil {
+		return err
 	}
 
 	if opts.APIOf == nil {
@@ -340,20 +382,20 @@ func (c *Cluster) build(opts Options) error {
 		c.Nodes = append(c.Nodes, n)
 	}
 	// Each node routes every other node's pod CIDRs to that node's underlay address.
+	var routes [][]string
 	for _, n := range c.Nodes {
 		for _, other := range c.Nodes {
 			if other == n {
 				continue
 			}
-			if err := ip(words("-n %s route add %s via %s", n.NetNS, other.PodCIDRs[0], other.IPv4)...); err != nil {
-				return err
-			}
+			routes = append(routes, words("-n %s route add %s via %s", n.NetNS, other.PodCIDRs[0], other.IPv4))
 			if opts.IPv6 {
-				if err := ip(words("-n %s -6 route add %s via %s", n.NetNS, other.PodCIDRs[1], other.IPv6)...); err != nil {
-					return err
-				}
+				routes = append(routes, words("-n %s route add %s via %s", n.NetNS, other.PodCIDRs[1], other.IPv6))
 			}
 		}
+	}
+	if err := script(routes...); err != nil {
+		return err
 	}
 	return c.addExternal(opts)
 }
@@ -398,23 +440,23 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 
 	// Underlay uplink. A default route is needed even though nothing beyond the underlay
 	// exists: a socket to a ClusterIP must route somewhere before NAT rewrites it, or
-	// connect() fails with "network unreachable".
-	if err := script(
+	// connect() fails with "network unreachable". Then the link to the test's namespace
+	// (the apiserver), and the pod bridge. The links are made first, so that the commands
+	// inside the node run as one batch (script).
+	rootEnd := c.linkTag + nodeLetter(i)
+	cmds := [][]string{
 		words("-n %s link add eth0 type veth peer name %s netns %s", ns, name, c.Underlay),
 		words("-n %s link set %s master br0 up", c.Underlay, name),
+		words("link add %s type veth peer name api0 netns %s", rootEnd, ns),
+		words("link set %s master %s up", rootEnd, c.APIBridge),
 		words("-n %s addr add %s/24 dev eth0", ns, n.IPv4),
 		words("-n %s link set eth0 up", ns),
 		words("-n %s route add default via %s.1", ns, underlayV4),
-	); err != nil {
-		return nil, err
 	}
 	if opts.IPv6 {
-		if err := script(
+		cmds = append(cmds,
 			words("-n %s addr add %s/64 dev eth0 nodad", ns, n.IPv6),
-			words("-n %s -6 route add default via %s1", ns, underlayV6),
-		); err != nil {
-			return nil, err
-		}
+			words("-n %s route add ::/0 via %s1", ns, underlayV6))
 	}
 	c.name(n.IPv4, name+"/eth0")
 	c.name(n.IPv6, name+"/eth0")
@@ -424,38 +466,23 @@ func (c *Cluster) addNode(i int, opts Options) (*Node, error) {
 			n.SecondaryIPs = append(n.SecondaryIPs, netip.MustParseAddr(fmt.Sprintf("%s%x", secondaryV6, 2+i)))
 		}
 		for _, a := range n.SecondaryIPs {
-			if err := addSecondaryAddr(ns, "eth0", a); err != nil {
-				return nil, err
-			}
+			cmds = append(cmds, secondaryAddrCmd(ns, "eth0", a))
 			c.name(a, name+"/eth0-secondary")
 		}
 	}
-
-	// Link to the test's namespace (the apiserver).
-	rootEnd := c.linkTag + nodeLetter(i)
-	if err := script(
-		words("link add %s type veth peer name api0 netns %s", rootEnd, ns),
-		words("link set %s master %s up", rootEnd, c.APIBridge),
+	cmds = append(cmds,
 		words("-n %s addr add %s/%d dev api0", ns, n.APIAddress, c.APIPrefix.Bits()),
 		words("-n %s link set api0 up", ns),
-	); err != nil {
+		words("-n %s link add %s type bridge", ns, podBridge),
+		words("-n %s addr add %s/24 dev %s", ns, n.BridgeIPs[0], podBridge),
+		words("-n %s link set %s up", ns, podBridge))
+	if opts.IPv6 {
+		cmds = append(cmds, words("-n %s addr add %s/64 dev %s nodad", ns, n.BridgeIPs[1], podBridge))
+	}
+	if err := script(cmds...); err != nil {
 		return nil, err
 	}
 	c.name(n.APIAddress, name+"/api0")
-
-	// Pod bridge and pods.
-	if err := script(
-		words("-n %s link add %s type bridge", ns, podBridge),
-		words("-n %s addr add %s/24 dev %s", ns, n.BridgeIPs[0], podBridge),
-		words("-n %s link set %s up", ns, podBridge),
-	); err != nil {
-		return nil, err
-	}
-	if opts.IPv6 {
-		if err := ip(words("-n %s addr add %s/64 dev %s nodad", ns, n.BridgeIPs[1], podBridge)...); err != nil {
-			return nil, err
-		}
-	}
 	for _, a := range n.BridgeIPs {
 		c.name(a, name+"/"+podBridge)
 	}
@@ -493,7 +520,7 @@ func (c *Cluster) addPod(n *Node, j int, opts Options) (*Pod, error) {
 	if opts.IPv6 {
 		cmds = append(cmds,
 			words("-n %s addr add %s/64 dev eth0 nodad", p.NetNS, p.IPv6),
-			words("-n %s -6 route add default via %s", p.NetNS, n.BridgeIPs[1]))
+			words("-n %s route add ::/0 via %s", p.NetNS, n.BridgeIPs[1]))
 	}
 	c.name(p.IPv4, name)
 	c.name(p.IPv6, name)
@@ -515,12 +542,10 @@ func (c *Cluster) addExternal(opts Options) error {
 	if err := sysctl(h.NetNS, redirects...); err != nil {
 		return err
 	}
-	if err := script(
+	cmds := [][]string{
 		words("-n %s link add eth0 type veth peer name external netns %s", h.NetNS, c.Underlay),
 		words("-n %s link set external master br0 up", c.Underlay),
 		words("-n %s link set eth0 up", h.NetNS),
-	); err != nil {
-		return err
 	}
 	for k := range opts.ExternalAddresses {
 		// The first address is "external", the next ones "external-2", "external-3", ...
@@ -529,20 +554,16 @@ func (c *Cluster) addExternal(opts Options) error {
 			name = fmt.Sprintf("external-%d", k+1)
 		}
 		a := netip.MustParseAddr(fmt.Sprintf("%s.%d", underlayV4, externalOffset+k))
-		if err := ip(words("-n %s addr add %s/24 dev eth0", h.NetNS, a)...); err != nil {
-			return err
-		}
+		cmds = append(cmds, addrCmd(h.NetNS, "eth0", a))
 		c.ExternalIPs = append(c.ExternalIPs, a)
 		c.name(a, name)
 		if opts.IPv6 {
 			a6 := netip.MustParseAddr(fmt.Sprintf("%s%x", underlayV6, externalOffset+k))
-			add := addAddr
+			add := addrCmd
 			if k > 0 {
-				add = addSecondaryAddr // a probe binds it when it means to use it
+				add = secondaryAddrCmd // a probe binds it when it means to use it
 			}
-			if err := add(h.NetNS, "eth0", a6); err != nil {
-				return err
-			}
+			cmds = append(cmds, add(h.NetNS, "eth0", a6))
 			c.ExternalIPs = append(c.ExternalIPs, a6)
 			c.name(a6, name)
 			if k == 0 {
@@ -556,38 +577,40 @@ func (c *Cluster) addExternal(opts Options) error {
 			c.ExternalSecondaryIPs = append(c.ExternalSecondaryIPs, netip.MustParseAddr(fmt.Sprintf("%s%x", secondaryV6, externalOffset)))
 		}
 		for _, a := range c.ExternalSecondaryIPs {
-			if err := addSecondaryAddr(h.NetNS, "eth0", a); err != nil {
-				return err
-			}
+			cmds = append(cmds, secondaryAddrCmd(h.NetNS, "eth0", a))
 			c.name(a, "external/secondary")
 		}
+	}
+	if err := script(cmds...); err != nil {
+		return err
 	}
 	h.IPv4 = c.ExternalIPs[0]
 	c.External = h
 	return nil
 }
 
-// addAddr puts a on dev in namespace ns, with the underlay subnets' prefix length (/24 for
-// IPv4, /64 for IPv6) and, for IPv6, without duplicate address detection.
-func addAddr(ns, dev string, a netip.Addr) error {
+// addrCmd is the ip command that puts a on dev in namespace ns, with the underlay subnets'
+// prefix length (/24 for IPv4, /64 for IPv6) and, for IPv6, without duplicate address
+// detection.
+func addrCmd(ns, dev string, a netip.Addr) []string {
 	if a.Is4() {
-		return ip(words("-n %s addr add %s/24 dev %s", ns, a, dev)...)
+		return words("-n %s addr add %s/24 dev %s", ns, a, dev)
 	}
-	return ip(words("-n %s addr add %s/64 dev %s nodad", ns, a, dev)...)
+	return words("-n %s addr add %s/64 dev %s nodad", ns, a, dev)
 }
 
-// addSecondaryAddr is addAddr for an address that must never be picked as a source by
+// secondaryAddrCmd is addrCmd for an address that must never be picked as a source by
 // itself. IPv4 picks the first address of the subnet a route's gateway is in, so a second
 // subnet's address is only used for its own subnet; IPv6 picks among all of an
 // interface's addresses by RFC 6724's rules, whose last tie-breaker would pick the newest.
 // An IPv6 address with a preferred lifetime of 0 is deprecated: still answered, and used
 // when a socket binds it, but never chosen (RFC 6724 rule 3), so masquerading and
 // unbound clients keep using the host's primary address.
-func addSecondaryAddr(ns, dev string, a netip.Addr) error {
+func secondaryAddrCmd(ns, dev string, a netip.Addr) []string {
 	if a.Is4() {
-		return addAddr(ns, dev, a)
+		return addrCmd(ns, dev, a)
 	}
-	return ip(words("-n %s addr add %s/64 dev %s nodad preferred_lft 0", ns, a, dev)...)
+	return words("-n %s addr add %s/64 dev %s nodad preferred_lft 0", ns, a, dev)
 }
 
 // nthAddr is the n-th address of prefix p (n small).
