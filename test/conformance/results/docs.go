@@ -8,16 +8,16 @@ var Docs = map[string]Doc{
 		Question: "pod to a ClusterIP on a port no Service port uses",
 		Why: map[string]string{
 			"iptables": "iptables claims only Service ports; others leave the node by its default route, and the underlay drops them",
-			"nftables": "upstream's `cluster-ips-check` rejects them",
-			"ipvs":     "the ClusterIP is local on `kube-ipvs0`, so the node's own stack or the IPVS filter's reject answers",
+			"nftables": "`cluster-ips-check` refuses them: TCP with a reset (upstream: ICMP port unreachable, which an IPv6 TCP client hears of only at its SYN retransmission; differences.yaml), other protocols with ICMP port unreachable",
+			"ipvs":     "the ClusterIP is local on `kube-ipvs0`, so the node's own stack or `KUBE-IPVS-FILTER` refuses them (TCP with a reset)",
 		},
 	},
 	"NoEndpoints": {
 		Question: "pod to a ClusterIP, or external client to a NodePort, of a Service with no serving endpoint",
 		Why: map[string]string{
-			"iptables": "REJECT: ICMP port unreachable; an IPv6 TCP client hears of ICMPv6 errors only at its SYN retransmission (a soft error on the first SYN, Linux 6.18)",
-			"nftables": "`reject`, as iptables",
-			"ipvs":     "REJECT, as iptables",
+			"iptables": "TCP: a reset, so IPv6 clients are refused at once too (upstream's REJECT sends ICMP port unreachable, which an IPv6 TCP client hears of only at its SYN retransmission, a soft error on the first SYN; differences.yaml); UDP: ICMP port unreachable",
+			"nftables": "`reject with tcp reset` for TCP, `reject` for UDP, as iptables",
+			"ipvs":     "a virtual server without real servers: IPVS itself answers with ICMP port unreachable, as upstream ([docs/ipvs.md](../../docs/ipvs.md#services-without-endpoints))",
 		},
 	},
 	"InternalNoLocalEndpoints": {
