@@ -624,38 +624,34 @@ func (cl *cluster) affinitySequence(c client, tg target) []string {
 		}
 	}
 	out[1] = "the same pod"
-	for range affinityPastRuns {
-		time.Sleep(affinityPast)
-		o := cl.probe(c, tg, 0)
-		if o.Result == echo.Timeout {
-			o = cl.probe(c, tg, 0) // a lost SYN says nothing either way
+	// movedAfter probes runs times, each after an idle period: what a probe got when it was
+	// not answered, label when the client landed on another pod, "" while it stayed on
+	// the pinned one. A lost SYN says nothing either way, so a timed-out probe is made
+	// again at once.
+	movedAfter := func(runs int, idle time.Duration, label string) string {
+		for range runs {
+			time.Sleep(idle)
+			o := cl.probe(c, tg, 0)
+			if o.Result == echo.Timeout {
+				o = cl.probe(c, tg, 0)
+			}
+			if o.Result != echo.Answered {
+				return cl.token(o, false)
+			}
+			if o.Reply.Pod != pinned {
+				return label
+			}
 		}
-		if o.Result != echo.Answered {
-			out[2] = cl.token(o, false)
-			return out
-		}
-		if o.Reply.Pod != pinned {
-			out[2] = affinityExpired
-			return out
-		}
+		return ""
+	}
+	if out[2] = movedAfter(affinityPastRuns, affinityPast, affinityExpired); out[2] != "" {
+		return out
 	}
 	// Still pinned: closed connections hold the affinity. Once idle for the TIME_WAIT
 	// too (and a margin for the kernel's timers), the client moves; it may land on the
 	// same pod again by chance (one in four), so keep going for a while.
-	for range 6 {
-		time.Sleep(affinityPast + ipvsTCPTimeWait + 5*time.Second)
-		o := cl.probe(c, tg, 0)
-		if o.Result == echo.Timeout {
-			o = cl.probe(c, tg, 0)
-		}
-		if o.Result != echo.Answered {
-			out[2] = cl.token(o, false)
-			return out
-		}
-		if o.Reply.Pod != pinned {
-			out[2] = affinityHeld
-			return out
-		}
+	if out[2] = movedAfter(6, affinityPast+ipvsTCPTimeWait+5*time.Second, affinityHeld); out[2] != "" {
+		return out
 	}
 	out[2] = fmt.Sprintf("the same pod after idle periods of %s", affinityPast+ipvsTCPTimeWait+5*time.Second)
 	return out
