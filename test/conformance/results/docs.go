@@ -17,7 +17,7 @@ var Docs = map[string]Doc{
 		Why: map[string]string{
 			"iptables": "TCP: a reset, so IPv6 clients are refused at once too (upstream's REJECT sends ICMP port unreachable, which an IPv6 TCP client hears of only at its SYN retransmission, a soft error on the first SYN; differences.yaml); UDP: ICMP port unreachable",
 			"nftables": "`reject with tcp reset` for TCP, `reject` for UDP, as iptables",
-			"ipvs":     "a virtual server without real servers: IPVS itself answers with ICMP port unreachable, as upstream ([docs/ipvs.md](../../docs/ipvs.md#services-without-endpoints))",
+			"ipvs":     "a virtual server without real servers: TCP gets a reset from `KUBE-IPVS-FILTER` (`KUBE-SLUICE-NO-ENDPOINTS-TCP`), UDP IPVS's own ICMP port unreachable (upstream: ICMP for both; [docs/ipvs.md](../../docs/ipvs.md#services-without-endpoints))",
 		},
 	},
 	"InternalNoLocalEndpoints": {
@@ -25,7 +25,7 @@ var Docs = map[string]Doc{
 		Why: map[string]string{
 			"iptables": "dropped",
 			"nftables": "dropped",
-			"ipvs":     "a virtual server without real servers, which IPVS answers with ICMP port unreachable",
+			"ipvs":     "a virtual server without real servers: refused as in NoEndpoints (TCP with a reset, UDP with IPVS's ICMP port unreachable)",
 		},
 	},
 	"ExternalNoLocalEndpoints": {
