@@ -180,15 +180,6 @@ var (
 	dnsPort  = port("dns", corev1.ProtocolUDP, 53)
 )
 
-// concat joins target lists.
-func concat(lists ...[]target) []target {
-	var out []target
-	for _, l := range lists {
-		out = append(out, l...)
-	}
-	return out
-}
-
 // masqueradedBy says which address of node a pod sees a masqueraded client as: the pod
 // bridge's when the pod is on that node, else the node's underlay address (MASQUERADE
 // takes the address of the interface the packet leaves by).
@@ -672,7 +663,7 @@ func (t *T) dialUDP(c client, tg target) *udpFlow {
 		if err != nil {
 			return err
 		}
-		t.Cleanup(func() { u.Close() })
+		t.Cleanup(func() { _ = u.Close() })
 		f.sock.set(cl, u)
 		return nil
 	})

@@ -86,7 +86,7 @@ func (t *T) openStreams(c client, tg target) *byCluster[*stream] {
 		}); err != nil {
 			return fmt.Errorf("%s -> %s: %w", c, tg.name, err)
 		}
-		t.Cleanup(func() { conn.Close() })
+		t.Cleanup(func() { _ = conn.Close() })
 		s := &stream{conn: conn, r: bufio.NewReader(conn)}
 		r, err := s.exchange(false)
 		if err != nil {

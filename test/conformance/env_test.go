@@ -24,7 +24,6 @@ package conformance
 // per case; each cluster's external client routes them to the node the case chooses.
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -524,7 +523,7 @@ func (cl *cluster) running() error {
 	defer cl.mu.Unlock()
 	for node, p := range cl.procs {
 		if exited, err := p.Exited(); exited {
-			return fmt.Errorf("%s on %s exited: %v\n%s", cl.name, node, err, p.Tail(40))
+			return fmt.Errorf("%s on %s exited: %w\n%s", cl.name, node, err, p.Tail(40))
 		}
 	}
 	return nil
@@ -817,19 +816,4 @@ func logSize(p *topology.Process) int64 {
 		return 0
 	}
 	return st.Size()
-}
-
-// countLines counts the lines of text that contain every one of words.
-func countLines(text string, words ...string) int {
-	n := 0
-	for _, line := range bytes.Split([]byte(text), []byte("\n")) {
-		all := true
-		for _, w := range words {
-			all = all && bytes.Contains(line, []byte(w))
-		}
-		if all {
-			n++
-		}
-	}
-	return n
 }

@@ -63,7 +63,10 @@ func TestMain(m *testing.M) {
 	// it is about would depend on the restart's duration. The check still runs, later
 	// than any freeze lasts.
 	if os.Getenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS") == "" {
-		os.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "600")
+		if err := os.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "600"); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance:", err)
+			os.Exit(1)
+		}
 	}
 	if !netnstest.InNetns() {
 		if err := prepareBinaries(); err != nil {
@@ -124,7 +127,9 @@ func prepareBinaries() error {
 			if err != nil {
 				return fmt.Errorf("building upstream kube-proxy with hack/kube-proxy-reference.sh (or set $KUBE_PROXY_BIN): %w", err)
 			}
-			os.Setenv("KUBE_PROXY_BIN", strings.TrimSpace(string(out)))
+			if err := os.Setenv("KUBE_PROXY_BIN", strings.TrimSpace(string(out))); err != nil {
+				return fmt.Errorf("setting KUBE_PROXY_BIN: %w", err)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)

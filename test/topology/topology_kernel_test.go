@@ -107,7 +107,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		mustRun(t, &nodeB.Host, "nft", "add", "table", "inet", "selftest")
 		mustRun(t, &nodeB.Host, "nft", "add chain inet selftest dropper { type filter hook forward priority 0 ; }")
 		mustRun(t, &nodeB.Host, "nft", "add rule inet selftest dropper ip daddr "+b0.IPv4.String()+" drop")
-		defer nodeB.Run("nft", "delete", "table", "inet", "selftest")
+		defer func() { _, _ = nodeB.Run("nft", "delete", "table", "inet", "selftest") }()
 		dropped := netip.AddrPortFrom(b0.IPv4, 8080)
 		short := echo.ProbeOptions{Timeout: 500 * time.Millisecond}
 		expect(t, "tcp to a dropped destination", a0.Probe(echo.TCP, dropped, short), echo.Timeout)
@@ -146,7 +146,7 @@ func TestTopologyCarriesRealPackets(t *testing.T) {
 		mustRun(t, &nodeB.Host, "nft", "add chain inet refusals forwarding { type filter hook forward priority 0 ; }")
 		mustRun(t, &nodeB.Host, "nft", "add rule inet refusals forwarding th dport 9997 reject")
 		mustRun(t, &nodeB.Host, "nft", "add rule inet refusals forwarding tcp dport 9996 reject with tcp reset")
-		defer nodeB.Run("nft", "delete", "table", "inet", "refusals")
+		defer func() { _, _ = nodeB.Run("nft", "delete", "table", "inet", "refusals") }()
 		for _, tc := range []struct {
 			proto      echo.Protocol
 			addr       netip.Addr
@@ -246,11 +246,11 @@ func TestTeardownRemovesWhatACrashedRunLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	waited := make(chan struct{})
-	go func() { sleeper.Wait(); close(waited) }()
+	go func() { _ = sleeper.Wait(); close(waited) }()
 	t.Cleanup(func() {
 		_ = sleeper.Process.Kill()
-		exec.Command("ip", "netns", "del", ns).Run()
-		exec.Command("ip", "link", "del", link).Run()
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+		_ = exec.Command("ip", "link", "del", link).Run()
 	})
 
 	// A run in progress (this process) must survive Teardown.
@@ -340,5 +340,5 @@ func serveAPIEcho(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); <-done }) //nolint:errcheck // only waits for Serve to stop; the test checks the traffic
 }

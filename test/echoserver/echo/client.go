@@ -121,7 +121,7 @@ func probeTCP(ctx context.Context, target netip.AddrPort, source netip.Addr) Out
 	}
 	conn, err := d.DialContext(ctx, "tcp", target.String())
 	if dup >= 0 {
-		defer unix.Close(dup)
+		defer func() { _ = unix.Close(dup) }()
 	}
 	if err != nil {
 		out := classify(err)
