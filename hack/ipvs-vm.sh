@@ -46,20 +46,31 @@ MODULE_PATH="github.com/sluiceproxy/sluice"
 # server (built from this tree), upstream kube-proxy (hack/kube-proxy-reference.sh, or
 # $KUBE_PROXY_BIN), kube-apiserver and etcd (hack/control-plane.sh, or $KUBE_APISERVER and
 # $ETCD), and the environment in conformance_env below. The conformance suite runs whole
-# against sluice and upstream kube-proxy in ipvs mode; its SCTP case also runs against both in
-# iptables and nftables mode, because only the VM's kernel has SCTP (it is skipped on the CI
+# against sluice in ipvs mode (not upstream: see below); its SCTP case also runs against sluice
+# and upstream in iptables and nftables mode, because only the VM's kernel has SCTP (it is skipped on the CI
 # host); so do the echo server's and probe's own SCTP tests. All six clusters share one
 # control plane in one test process: the four iptables and nftables ones are restricted to
 # the SCTP case (-proxies "...:SCTPClusterIPAndNodePort"), which runs first, and then stop
 # (a separate suite cost a second control-plane start under TCG). The suite writes its results
 # to a share, and the host compares sluice's with upstream's afterwards
 # (go run ./test/conformance/checkresults).
+#
+# Upstream kube-proxy in ipvs mode is not among the clusters: under TCG one of its syncs takes
+# 29 to 84 s per family (its own "syncProxyRules complete" log lines, 2026-12-02: it execs
+# ipset and iptables-restore several times a sync, and each exec costs seconds in the
+# emulated guest), so with the suite's parallel cases a change reaches its IPVS table minutes
+# later and nearly every check ran out of its 90 s (a lone case passed: 453 s for
+# ClusterIPFromNodeAndPods/IPv4). The ipvs column of the capability table is derived from
+# sluice's ipvs run here, and checkresults runs with -reference=false for this VM's results
+# (it still compares the SCTP runs of iptables and nftables with upstream's). Where /dev/kvm
+# works (SLUICE_VM_ACCEL=kvm), add kube-proxy/ipvs with SLUICE_VM_TESTFLAGS=-proxies=...
+# to compare.
 sctp_only=":SCTPClusterIPAndNodePort"
 SUITES=(
   "ipvs ./pkg/dataplane/ipvs kernel"
   "vm ./test/vm vm"
   "echo ./test/echoserver/echo kernel"
-  "conformance-ipvs ./test/conformance conformance -proxies=sluice/ipvs,kube-proxy/ipvs,sluice/iptables${sctp_only},kube-proxy/iptables${sctp_only},sluice/nftables${sctp_only},kube-proxy/nftables${sctp_only} -test.parallel=24"
+  "conformance-ipvs ./test/conformance conformance -proxies=sluice/ipvs,sluice/iptables${sctp_only},kube-proxy/iptables${sctp_only},sluice/nftables${sctp_only},kube-proxy/nftables${sctp_only} -test.parallel=24"
 )
 
 # Each suite's floor: the tests (subtests included) that pass in it, at least (hack/testcount
@@ -608,7 +619,9 @@ if [[ "$status" =~ ^[0-9]+$ ]]; then
   # Compare sluice's conformance outcomes with upstream's (and the capability table's ipvs
   # column with sluice's), from what the suites wrote to the results share.
   if [ -n "$results_dir" ] && ls "$results_dir"/*.json >/dev/null 2>&1; then
-    (cd "$ROOT" && go run ./test/conformance/checkresults "$results_dir") || { [ "$status" != 0 ] || status=1; }
+    # -reference=false: no upstream ipvs run here (see SUITES); the modes that have one are
+    # still compared.
+    (cd "$ROOT" && go run ./test/conformance/checkresults -reference=false "$results_dir") || { [ "$status" != 0 ] || status=1; }
   elif [ -n "$results_dir" ] && grep -q '/sluice/results' "$overlay/sluice/run.sh"; then
     log "the conformance suites wrote no results"
     [ "$status" != 0 ] || status=1

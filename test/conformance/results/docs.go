@@ -33,7 +33,7 @@ var Docs = map[string]Doc{
 		Why: map[string]string{
 			"iptables": "dropped",
 			"nftables": "dropped",
-			"ipvs":     "dropped by sluice's `KUBE-SLUICE-NO-LOCAL-EPS` firewall rule (upstream's ipvs mode forwards it unmasqueraded into a black hole: differences.yaml)",
+			"ipvs":     "dropped by sluice's `KUBE-SLUICE-NO-LOCAL-EPS` firewall rule (upstream's ipvs mode forwards it unmasqueraded into a black hole, by its source; its ipvs mode is not run in CI: README)",
 		},
 	},
 	"NodePortOutsideNodePortAddresses": {
