@@ -183,6 +183,8 @@ func setup(t *testing.T) *env {
 			Binary:    os.Getenv("SLUICE_ECHOSERVER"),
 			Ports:     []uint16{echoPort, echoPort2},
 			Protocols: []echo.Protocol{echo.TCP, echo.UDP, echo.SCTP},
+			// 0 on the host (the default applies); the VM's readiness limit there.
+			ReadyTimeout: readyTimeout(),
 		})
 		for _, n := range cl.topo.Nodes {
 			if err := e.startProxy(cl, n); err != nil {

@@ -166,6 +166,11 @@ type EchoOptions struct {
 	// Protocols default to TCP, UDP and SCTP (SCTP is skipped by the server where the
 	// kernel lacks it).
 	Protocols []echo.Protocol
+	// ReadyTimeout bounds the wait for each server's first answer; default 10 s. Under
+	// emulation (the IPVS VM), while kube-apiserver starts, a server that already accepts
+	// connections can take longer than that to answer: callers there pass their readiness
+	// limit, and each probe then waits 2 s instead of 500 ms.
+	ReadyTimeout time.Duration
 }
 
 // StartEcho starts an echo server in each given pod (all pods when none are given) and
@@ -191,6 +196,10 @@ func (c *Cluster) StartEcho(t testing.TB, opts EchoOptions, pods ...*Pod) {
 	for _, p := range opts.Protocols {
 		protos = append(protos, string(p))
 	}
+	wait, probeTimeout := 10*time.Second, 500*time.Millisecond
+	if opts.ReadyTimeout > wait {
+		wait, probeTimeout = opts.ReadyTimeout, 2*time.Second
+	}
 	probeProto := echo.TCP
 	if !containsProto(opts.Protocols, echo.TCP) {
 		probeProto = echo.UDP
@@ -203,11 +212,11 @@ func (c *Cluster) StartEcho(t testing.TB, opts EchoOptions, pods ...*Pod) {
 		}
 		for _, ip := range pod.IPs() {
 			target := netip.AddrPortFrom(ip, opts.Ports[0])
-			err := waitFor(10*time.Second, func() error {
+			err := waitFor(wait, func() error {
 				if exited, err := proc.Exited(); exited {
 					return fmt.Errorf("echo server in %s exited: %w\n%s", pod.Name, err, proc.Tail(20))
 				}
-				out := pod.Node.Probe(probeProto, target, echo.ProbeOptions{Timeout: 500 * time.Millisecond})
+				out := pod.Node.Probe(probeProto, target, echo.ProbeOptions{Timeout: probeTimeout})
 				if out.Result != echo.Answered || out.Reply.Pod != pod.Name {
 					return fmt.Errorf("echo server in %s not answering %s from its node: %s", pod.Name, target, out)
 				}
