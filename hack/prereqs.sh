@@ -49,8 +49,10 @@ missing=()
 have_dpkg=0
 if command -v dpkg-query >/dev/null 2>&1; then
   have_dpkg=1
-  # One dpkg-query for all (a process each costs seconds on a busy machine).
-  installed=" $(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null |
+  # One dpkg-query for all (a process each costs seconds on a busy machine). It exits 1 when
+  # a package was never known to dpkg, which is what a fresh machine looks like: under
+  # pipefail that must not end the script before it installs them.
+  installed=" $({ dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true; } |
     awk '$NF == "installed" && $(NF-1) == "ok" { printf "%s ", $1 }')"
   for p in "${packages[@]}"; do
     [[ "$installed" == *" ${p} "* ]] || missing+=("$p")
