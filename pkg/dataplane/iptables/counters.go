@@ -35,9 +35,26 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), counterReadTimeout)
 	defer cancel()
 	chains := b.counters.Chains()
-	raw, err := b.readCounterRules(ctx, chains)
+	var natChains, mangleChains []string
+	for _, c := range chains {
+		if isPacketChain(c) {
+			mangleChains = append(mangleChains, c)
+		} else {
+			natChains = append(natChains, c)
+		}
+	}
+	raw, err := b.readCounterRules(ctx, natChains)
 	if err != nil {
 		return nil, err
+	}
+	if len(mangleChains) > 0 {
+		packets, err := b.readPacketCounters(ctx, mangleChains)
+		if err != nil {
+			return nil, err
+		}
+		for c, n := range packets {
+			raw[c] = n
+		}
 	}
 	raw = b.restarts.fold(raw, chains, false)
 	out := make(map[string]dataplane.ChainCount, len(raw))
@@ -121,9 +138,22 @@ func (b *Backend) readCounterRules(ctx context.Context, chains []string) (map[st
 		}
 		return out, nil
 	}
-	stdout, stderr, err := b.tools.Cmd.Run(ctx, b.tools.SaveProgram, []string{"-c", "-t", tableNAT}, nil)
+	return b.readSavedCounters(ctx, tableNAT, chains)
+}
+
+// readPacketCounters returns the counts of the mangle counter chains among chains that
+// are in the kernel: one iptables-save of mangle, whatever their number.
+func (b *Backend) readPacketCounters(ctx context.Context, chains []string) (map[string]ruleCount, error) {
+	return b.readSavedCounters(ctx, tableMangle, chains)
+}
+
+// readSavedCounters reads the counter rules of chains from one `iptables-save -c` of
+// table: the first counter rule of each.
+func (b *Backend) readSavedCounters(ctx context.Context, table string, chains []string) (map[string]ruleCount, error) {
+	out := make(map[string]ruleCount, len(chains))
+	stdout, stderr, err := b.tools.Cmd.Run(ctx, b.tools.SaveProgram, []string{"-c", "-t", table}, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%s -c -t nat: %w: %s", b.tools.SaveProgram, err, bytes.TrimSpace(stderr))
+		return nil, fmt.Errorf("%s -c -t %s: %w: %s", b.tools.SaveProgram, table, err, bytes.TrimSpace(stderr))
 	}
 	sc := bufio.NewScanner(bytes.NewReader(stdout))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
