@@ -198,3 +198,44 @@ func TestRemoveChainsReportsARefusedRestore(t *testing.T) {
 		t.Errorf("removed %d, err %v; want nothing removed and the error", n, err)
 	}
 }
+
+// TestRemoveChainsTakesThePacketCountersOutOfMangle: sluice's packet counters (the
+// iptables mode's, in mangle) go with their jumps; kubelet's chains in mangle stay.
+func TestRemoveChainsTakesThePacketCountersOutOfMangle(t *testing.T) {
+	r := &recordingRunner{saved: `*mangle
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:SLUICE-PKTC-ABCDEF - [0:0]
+:SLUICE-SERVICE-PACKETS - [0:0]
+-A PREROUTING ! -i lo -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+-A OUTPUT -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+-A SLUICE-PKTC-ABCDEF -m comment --comment "ns/web:http traffic counter"
+-A SLUICE-SERVICE-PACKETS -d 172.30.0.1/32 -p tcp -m tcp --dport 80 -g SLUICE-PKTC-ABCDEF
+COMMIT
+`}
+	n, err := RemoveChains(context.Background(), r, KubeProxyChain, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`*mangle
+:SLUICE-SERVICE-PACKETS - [0:0]
+:SLUICE-PKTC-ABCDEF - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+-D PREROUTING ! -i lo -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+-D OUTPUT -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+COMMIT
+`, `*mangle
+-X KUBE-PROXY-CANARY
+-X SLUICE-PKTC-ABCDEF
+-X SLUICE-SERVICE-PACKETS
+COMMIT
+`}
+	if n != 3 {
+		t.Errorf("removed %d chains, want 3", n)
+	}
+	if diff := cmp.Diff(want, r.restores); diff != "" {
+		t.Errorf("restores (-want +got):\n%s", diff)
+	}
+}
