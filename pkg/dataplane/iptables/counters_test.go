@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -157,5 +159,50 @@ func TestPacketCountersComeAndGoWithTheFirstAndLastCountedService(t *testing.T) 
 			writes("a full resync with nothing counted", countertest.Counted(w.state(model.IPv4), "none/none"), full(), true, false)
 			assertConsistent(t, k)
 		})
+	}
+}
+
+// TestTracedPacketsCountOnThePathOfTheirAddress follows packets through mangle: each
+// counts once, on the counter of the address it was sent to (ClusterIP: cluster, or local
+// under internalTrafficPolicy Local; NodePort, external IP, LoadBalancer IP: external),
+// LoadBalancer IPs only from the allowed source ranges, and a packet looped back through
+// lo (already counted in OUTPUT) not again.
+func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
+	st := featureWorld().state(model.IPv4)
+	env := &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}
+	pkt := func(src netip.Addr, dst string, proto string, port int) packet {
+		return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
+	}
+	webCluster := prefixPacketsCluster + portHash("ns1/svc1:p80", "tcp")
+	mustApply(t, b, st, full())
+	if got := env.counters(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
+		t.Fatalf("nothing counted, yet a packet went through %v", got)
+	}
+	mustApply(t, b, countertest.Counted(st), full())
+	looped := pkt(nodeIP, nodeIP.String(), "tcp", 3003)
+	looped.iif = "lo"
+	local := pkt(nodeIP, "172.30.0.49", "tcp", 80)
+	local.iif, local.local = "", true
+	for _, tc := range []struct {
+		name string
+		pkt  packet
+		want []string
+	}{
+		{"ClusterIP", pkt(outside, "172.30.0.41", "tcp", 80), []string{webCluster}},
+		{"ClusterIP, another port", pkt(outside, "172.30.0.41", "tcp", 81), nil},
+		{"ClusterIP, another protocol", pkt(outside, "172.30.0.41", "udp", 80), nil},
+		{"UDP ClusterIP", pkt(outside, "172.30.0.53", "udp", 53), []string{prefixPacketsCluster + portHash("ns11/dns:p80", "udp")}},
+		{"ClusterIP without endpoints", pkt(outside, "172.30.0.42", "tcp", 80), []string{prefixPacketsCluster + portHash("ns2/svc2:p80", "tcp")}},
+		{"NodePort", pkt(outside, nodeIP.String(), "tcp", 3003), []string{prefixPacketsExternal + portHash("ns3/svc3:p80", "tcp")}},
+		{"external IP", pkt(outside, "192.168.99.7", "tcp", 80), []string{prefixPacketsExternal + portHash("ns7/svc7:p80", "tcp")}},
+		{"LoadBalancer IP from an allowed range", pkt(outside, "5.6.7.10", "tcp", 80), []string{prefixPacketsExternal + portHash("ns6/svc6:p80", "tcp")}},
+		{"LoadBalancer IP from elsewhere (filter drops it)", pkt(netip.MustParseAddr("198.51.100.1"), "5.6.7.10", "tcp", 80), nil},
+		{"from the node to a Local-policy ClusterIP", local, []string{prefixPacketsLocal + portHash("ns8/svc8:p80", "tcp")}},
+		{"looped back through lo", looped, nil},
+	} {
+		if got := env.counters(tc.pkt); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: counted by %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
