@@ -53,7 +53,10 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 		return nil, err
 	}
 	if len(mangleChains) > 0 {
-		packets, err := b.readPacketCounters(ctx, mangleChains)
+		// A timeout of its own: a slow nat read must not starve it.
+		mctx, mcancel := context.WithTimeout(context.Background(), counterReadTimeout)
+		defer mcancel()
+		packets, err := b.readPacketCounters(mctx, mangleChains)
 		if err != nil {
 			return nil, err
 		}
