@@ -68,7 +68,7 @@ func wipeIPTables(t testing.TB) {
 	run(t, "nft", "flush", "ruleset")
 }
 
-func newTopology(t *testing.T) *kTopology {
+func newTopology(t testing.TB) *kTopology {
 	t.Helper()
 	wipeIPTables(t)
 	t.Cleanup(func() { wipeIPTables(t) })
@@ -104,7 +104,7 @@ func newTopology(t *testing.T) *kTopology {
 }
 
 // serve answers TCP and UDP on port in ns with "<name> <source address>".
-func serve(t *testing.T, ns, name string, port int) {
+func serve(t testing.TB, ns, name string, port int) {
 	t.Helper()
 	var ln net.Listener
 	var pc net.PacketConn

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -296,14 +297,7 @@ func renderFullPackets(r *restoreInput, p *fullPlan) {
 	}
 }
 
-func sortedSet(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
+func sortedSet(m map[string]bool) []string { return slices.Sorted(maps.Keys(m)) }
 
 // readMangle reads what mangle holds of the packet counters (one iptables-save of mangle,
 // a small table unless many ports are counted).
