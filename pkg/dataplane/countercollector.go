@@ -31,10 +31,10 @@ var (
 		"New connections per Service port and path (cluster, external, local), for Services whose traffic is counted (annotation sluice.dev/traffic-counters, --traffic-counters).",
 		counterLabels, nil)
 	packetsDesc = prometheus.NewDesc("sluice_service_packets_total",
-		"Packets clients sent to a Service port (original direction), per path, for Services whose traffic is counted, where the mode counts packets (nftables; see its README).",
+		"Packets clients sent to a Service port (original direction), per path, for Services whose traffic is counted, in nftables and iptables mode (see their READMEs).",
 		counterLabels, nil)
 	bytesDesc = prometheus.NewDesc("sluice_service_bytes_total",
-		"Bytes (IP header included) clients sent to a Service port (original direction), per path, for Services whose traffic is counted, where the mode counts them (nftables; see its README).",
+		"Bytes (IP header included) clients sent to a Service port (original direction), per path, for Services whose traffic is counted, in nftables and iptables mode (see their READMEs).",
 		counterLabels, nil)
 	counterLabels = []string{"namespace", "service", "port", "protocol", "path"}
 )

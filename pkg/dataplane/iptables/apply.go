@@ -254,10 +254,10 @@ func (b *Backend) batchUnits(units []unit) [][]unit {
 	for _, u := range units {
 		n := 0
 		if u.new != nil {
-			n += len(u.new.natChains)
+			n += len(u.new.natChains) + len(u.new.mangleChains)
 		}
 		if u.old != nil {
-			n += len(u.old.natChains)
+			n += len(u.old.natChains) + len(u.old.mangleChains)
 		}
 		if len(cur) > 0 && chains+n > b.maxChains {
 			out = append(out, cur)
@@ -441,6 +441,12 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 		return err
 	}
 	fs := b.renderFullSync(desired, rc, static, failed)
+	if b.packetsWanted || b.packetsWritten || !b.sync.Trusted() {
+		// What mangle holds of the packet counters: kept, completed or removed.
+		if fs.mangle, err = b.readMangle(ctx); err != nil {
+			return err
+		}
+	}
 	if fs.split {
 		if err := b.prestageServices(ctx, kv, fs); err != nil {
 			return err
@@ -473,6 +479,8 @@ type fullSync struct {
 	// undeletable are stale chains the kernel refused to delete.
 	undeletable map[string]bool
 	iso         *isolate.Budget
+	// mangle is what the kernel holds of the packet counters (nil: not read, nothing).
+	mangle *mangleView
 }
 
 // readAndRepairJumps reads the kernel before a full sync, notes drift, and inserts the
@@ -617,7 +625,8 @@ func (b *Backend) keptServices(fs *fullSync) []types.NamespacedName {
 // Services left as they are, every other per-Service chain stale. In a split sync the
 // stale chains are returned to be deleted after the restore instead.
 func (b *Backend) planFullRestore(fs *fullSync) (p *fullPlan, keep []types.NamespacedName, staleLater []string) {
-	p = &fullPlan{static: fs.static, prestaged: fs.prestaged, undeletable: fs.undeletable, canary: true}
+	p = &fullPlan{static: fs.static, prestaged: fs.prestaged, undeletable: fs.undeletable, canary: true,
+		packets: b.packetsWanted, mangle: fs.mangle}
 	active := map[string]bool{}
 	for _, name := range fs.cands {
 		s := fs.rendered[name]
@@ -659,6 +668,7 @@ func (b *Backend) commitFull(p *fullPlan, keep []types.NamespacedName) {
 		}
 	}
 	b.applied, b.static = applied, p.static.fingerprint()
+	b.packetsWritten = p.packets
 	b.sync.FullSynced(b.opts.now())
 	b.appliedNAT, b.appliedFilter = 0, 0
 	for _, a := range applied {

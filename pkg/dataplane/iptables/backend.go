@@ -47,6 +47,11 @@ type Backend struct {
 	// counters maps the counted Services' path chains to their series (for
 	// ReadTrafficCounters, from any goroutine).
 	counters dataplane.CounterIndex
+	// packetsWanted says some port of the Apply in progress is counted; packetsWritten
+	// that the kernel holds the packet counters' jumps (after the last full sync).
+	// They differ when the first port is counted or the last one no longer is: a full
+	// sync then adds or removes the jumps (packets.go).
+	packetsWanted, packetsWritten bool
 	// restarts folds kernel counters that restarted from zero back into their counts
 	// (counters.go, "restartFold").
 	restarts restartFold
@@ -281,6 +286,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	for _, sp := range desired.Services {
 		endpoints += len(sp.AllEndpoints)
 	}
+	b.packetsWanted = counting(desired)
 	rc := newRenderConfig(b.cfg, desired.Node, localAddrs, b.tcpLiberal, b.nfacct, endpoints)
 	rc.faulty = b.opts.faulty
 	b.rc = rc
@@ -337,7 +343,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeIPTables, b.cfg.Family, b.tools)
 	}
 
-	b.counters.Update(desired, changes, res.Full, countedChains)
+	b.counters.Update(desired, changes, res.Full, indexedChains)
 	b.stats.Full, b.stats.Reason, b.stats.Failed = res.Full, reason, len(res.Failed)
 	b.stats.Duration = b.opts.now().Sub(start)
 	b.recordRuleMetrics(static)
@@ -356,6 +362,9 @@ func (b *Backend) fullReason(changes model.Changes, static *staticRules, endpoin
 	}
 	if static.fingerprint() != b.static {
 		return "node-wide rules changed"
+	}
+	if b.packetsWanted != b.packetsWritten {
+		return "packet counters switched"
 	}
 	if ok, err := b.canaryPresent(); err != nil {
 		b.logger.Error(err, "Could not check the iptables canary")

@@ -4,7 +4,9 @@ package iptables
 
 import (
 	"context"
+	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/netnstest"
 )
 
 // connectN opens n TCP connections from ns to addr; each must be answered.
@@ -31,10 +34,114 @@ func counterSeries(name string, path dataplane.CounterPath) dataplane.CounterSer
 	return dataplane.CounterSeries{Port: model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}, Port: "p80", Protocol: model.TCP}, Path: path}
 }
 
+// tcpPayload is what each connection of connectSending writes.
+const tcpPayload = 1000
+
+// connectSending opens n TCP connections from ns to addr, each writing tcpPayload bytes
+// and reading the server's answer (it answers and closes without reading).
+func connectSending(t *testing.T, n int, ns, addr string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		var c net.Conn
+		err := netnstest.Do(ns, func() error {
+			var err error
+			c, err = net.DialTimeout("tcp", addr, 2*time.Second)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("connection %d to %s: %v", i, addr, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_, werr := c.Write(make([]byte, tcpPayload))
+		_, _ = c.Read(make([]byte, 100))
+		_ = c.Close()
+		if werr != nil {
+			t.Fatalf("connection %d to %s: writing: %v", i, addr, werr)
+		}
+	}
+}
+
+// datagrams sends n UDP datagrams of "hello\n" (6 bytes) from ns to addr; each must be
+// answered.
+func datagrams(t *testing.T, n int, ns, addr string) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := dial(ns, "udp", addr, 2*time.Second); err != nil {
+			t.Fatalf("datagram %d to %s: %v", i, addr, err)
+		}
+	}
+}
+
+// packetCounts reads b's packets and bytes per series.
+func packetCounts(t *testing.T, b dataplane.TrafficCounterReader) map[dataplane.CounterSeries]dataplane.TrafficCount {
+	t.Helper()
+	counts, err := b.ReadTrafficCounters()
+	if err != nil {
+		t.Fatalf("ReadTrafficCounters: %v", err)
+	}
+	out := map[dataplane.CounterSeries]dataplane.TrafficCount{}
+	for _, c := range counts {
+		t.Logf("%s/%s %s %s: %d new connections, %d packets, %d bytes", c.Port.NamespacedName, c.Port.Port, c.Port.Protocol, c.Path, c.NewConnections, c.Packets, c.Bytes)
+		if c.HasPacketsBytes {
+			out[c.CounterSeries] = dataplane.TrafficCount{Packets: c.Packets, Bytes: c.Bytes}
+		}
+	}
+	return out
+}
+
+// packetWant is what one series must count: at least conns TCP connections' packets (a
+// SYN, the handshake's ACK and the payload's segment, each with an IP header of ipHeader
+// bytes and a TCP header of at least 20), or exactly datagrams UDP datagrams of 6 bytes.
+type packetWant struct {
+	conns, datagrams uint64
+}
+
+// checkPackets checks got against want (series absent from want count nothing) and
+// against the previous read, which no count may fall below.
+func checkPackets(t *testing.T, got map[dataplane.CounterSeries]dataplane.TrafficCount, want map[dataplane.CounterSeries]packetWant,
+	ipHeader uint64, last map[dataplane.CounterSeries]dataplane.TrafficCount) {
+	t.Helper()
+	for s, w := range want {
+		g := got[s]
+		switch {
+		case w.datagrams > 0:
+			if e := (dataplane.TrafficCount{Packets: w.datagrams, Bytes: w.datagrams * (ipHeader + 8 + 6)}); g != e {
+				t.Errorf("%v: %d packets, %d bytes; want exactly %d, %d", s, g.Packets, g.Bytes, e.Packets, e.Bytes)
+			}
+		case g.Packets < 3*w.conns || g.Bytes < w.conns*tcpPayload+g.Packets*(ipHeader+20):
+			t.Errorf("%v: %d packets, %d bytes; want at least %d packets and %d bytes of payload plus %d per packet",
+				s, g.Packets, g.Bytes, 3*w.conns, w.conns*tcpPayload, ipHeader+20)
+		}
+	}
+	for s, g := range got {
+		if _, ok := want[s]; !ok && (g.Packets != 0 || g.Bytes != 0) {
+			t.Errorf("%v counted %d packets, want none", s, g.Packets)
+		}
+	}
+	for s, l := range last {
+		if g := got[s]; g.Packets < l.Packets || g.Bytes < l.Bytes {
+			t.Errorf("%v went down: %+v after %+v", s, g, l)
+		}
+	}
+}
+
+// mangleHolds reports whether a flavour's mangle table of family holds anything of the
+// packet counters.
+func mangleHolds(t *testing.T, f Flavour, family model.IPFamily) bool {
+	t.Helper()
+	prog := "iptables-"
+	if family == model.IPv6 {
+		prog = "ip6tables-"
+	}
+	return strings.Contains(run(t, prog+string(f)+"-save", "-t", "mangle"), "SLUICE-")
+}
+
 // TestKernelTrafficCounters: N connections through a counted ClusterIP and M through
 // its NodePort count N+M on the cluster path and M on the external path, in both
-// flavours; an endpoint change rewrites KUBE-SVC (a partial sync) and a full sync
-// rewrites every chain, and both carry the counts over.
+// flavours; their packets and bytes count on the path of the address used (at least
+// what TCP must send; UDP datagrams exactly); an endpoint change rewrites KUBE-SVC (a
+// partial sync) and a full sync rewrites every chain, and both keep the counts; the last
+// counted Service gone takes the packet counters out of mangle.
 func TestKernelTrafficCounters(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
@@ -44,45 +151,78 @@ func TestKernelTrafficCounters(t *testing.T) {
 			a, bb := kPodA+":80@local", kPodB+":80"
 			w.add(fixture.APIService("ns/web", "p80", model.TCP, "172.30.0.10", 80).NodePort(30001).Endpoints(a, bb).Build())
 			w.add(fixture.APIService("ns/plain", "p80", model.TCP, "172.30.0.11", 80).Endpoints(a).Build())
-			// Only web is counted: plain shows a Service without counters beside it.
-			state := func() *model.NodeState { return countertest.Counted(w.kstate(), "ns/web") }
+			w.add(fixture.APIService("ns/dns", "p80", model.UDP, "172.30.0.12", 80).Endpoints(bb).Build())
+			// web and dns are counted: plain shows a Service without counters beside them.
+			counted := []string{"ns/web", "ns/dns"}
+			state := func() *model.NodeState { return countertest.Counted(w.kstate(), counted...) }
 			kApply(t, b, state(), full())
 
-			const n, m = 6, 4
-			connectN(t, n, top.client, "172.30.0.10:80")
-			connectN(t, m, top.client, kNodeIP+":30001")
-			connectN(t, 3, top.client, "172.30.0.11:80")
+			const n, m, k = 6, 4, 5
+			connectSending(t, n, top.client, "172.30.0.10:80")
+			connectSending(t, m, top.client, kNodeIP+":30001")
+			connectSending(t, 3, top.client, "172.30.0.11:80")
+			datagrams(t, k, top.client, "172.30.0.12:80")
 			cluster, external := counterSeries("web", dataplane.PathCluster), counterSeries("web", dataplane.PathExternal)
-			want := map[dataplane.CounterSeries]uint64{cluster: n + m, external: m}
+			dns := counterSeries("dns", dataplane.PathCluster)
+			dns.Port.Protocol = model.UDP
+			want := map[dataplane.CounterSeries]uint64{cluster: n + m, external: m, dns: k}
 			countertest.Want(t, b, want)
+			// A NodePort's packets count on "external" only; the ClusterIP's on "cluster".
+			wantPkts := map[dataplane.CounterSeries]packetWant{cluster: {conns: n}, external: {conns: m}, dns: {datagrams: k}}
+			last := packetCounts(t, b)
+			checkPackets(t, last, wantPkts, 20, nil)
 
-			// Endpoint change: KUBE-SVC is rewritten in a partial sync, with its counts.
+			// Endpoint change: KUBE-SVC is rewritten in a partial sync, with its counts;
+			// mangle is not touched.
 			w.set(fixture.APIService("ns/web", "p80", model.TCP, "172.30.0.10", 80).NodePort(30001).Endpoints(a).Build())
 			if res := kApply(t, b, state(), changed("ns/web")); res.Full {
 				t.Fatal("the endpoint change was a full sync")
 			}
 			countertest.Want(t, b, want)
-			connectN(t, 2, top.client, "172.30.0.10:80")
+			got := packetCounts(t, b)
+			checkPackets(t, got, wantPkts, 20, last)
+			connectSending(t, 2, top.client, "172.30.0.10:80")
 			want[cluster] += 2
+			wantPkts[cluster] = packetWant{conns: n + 2}
 			countertest.Want(t, b, want)
+			last = packetCounts(t, b)
+			checkPackets(t, last, wantPkts, 20, got)
 
-			// A full sync flushes and refills every chain, with the counts.
+			// Another Service's change (a partial sync) and a full sync keep them.
+			w.set(fixture.APIService("ns/plain", "p80", model.TCP, "172.30.0.11", 80).Endpoints(a, bb).Build())
+			kApply(t, b, state(), changed("ns/plain"))
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
+			got = packetCounts(t, b)
+			checkPackets(t, got, wantPkts, 20, last)
 
 			c := dataplane.NewTrafficCounterCollector(klog.Background(), b)
 			for _, tc := range c.Read() {
 				if tc.NewConnections != want[tc.CounterSeries] {
 					t.Errorf("collector: %v = %d, want %d", tc.CounterSeries, tc.NewConnections, want[tc.CounterSeries])
 				}
+				if !tc.HasPacketsBytes || tc.Packets != got[tc.CounterSeries].Packets {
+					t.Errorf("collector: %v: %d packets (%v), want %d", tc.CounterSeries, tc.Packets, tc.HasPacketsBytes, got[tc.CounterSeries].Packets)
+				}
 			}
+
+			// The last counted Service uncounted: a full sync takes the jumps and chains out.
+			counted = []string{"ns/none"} // (none named would count every Service)
+			res := kApply(t, b, state(), changed("ns/web", "ns/dns"))
+			if !res.Full {
+				t.Error("uncounting the last Service was not a full sync")
+			}
+			if mangleHolds(t, f, model.IPv4) {
+				t.Errorf("mangle still holds packet counters:\n%s", run(t, "iptables-"+string(f)+"-save", "-t", "mangle"))
+			}
+			connectN(t, 1, top.client, "172.30.0.10:80")
 		})
 	}
 }
 
 // TestKernelTrafficCountersIPv6: the same counts for an IPv6 ClusterIP and its NodePort
-// on the node's address (the pod reaches itself through both, hairpinned), in both
-// flavours, kept through a full sync.
+// on the node's address (the pod reaches itself through both, hairpinned), and packets
+// and bytes with IPv6 headers, in both flavours, kept through a partial and a full sync.
 func TestKernelTrafficCountersIPv6(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
@@ -90,20 +230,39 @@ func TestKernelTrafficCountersIPv6(t *testing.T) {
 
 			w := &world{}
 			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).NodePort(30002).Endpoints("[fd00:10::2]:80@local").Build())
+			w.add(fixture.APIService("ns/dns6", "p80", model.UDP, "fd00:172:30::11", 80).Endpoints("[fd00:10::2]:80@local").Build())
 			b, err := New(context.Background(), testConfig(model.IPv6), WithFlavour(f))
 			if err != nil {
 				t.Fatal(err)
 			}
 			node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr("fd00:10::1")}}
-			st := model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}, TrafficCounters: model.TrafficCountersAll})[model.IPv6]
-			kApply(t, b, st, full())
-			const n, m = 5, 3
-			connectN(t, n, pod, "[fd00:172:30::10]:80")
-			connectN(t, m, pod, "[fd00:10::1]:30002")
-			want := map[dataplane.CounterSeries]uint64{counterSeries("v6", dataplane.PathCluster): n + m, counterSeries("v6", dataplane.PathExternal): m}
+			state := func() *model.NodeState {
+				return model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}, TrafficCounters: model.TrafficCountersAll})[model.IPv6]
+			}
+			kApply(t, b, state(), full())
+			const n, m, k = 5, 3, 4
+			connectSending(t, n, pod, "[fd00:172:30::10]:80")
+			connectSending(t, m, pod, "[fd00:10::1]:30002")
+			datagrams(t, k, pod, "[fd00:172:30::11]:80")
+			cluster, external := counterSeries("v6", dataplane.PathCluster), counterSeries("v6", dataplane.PathExternal)
+			dns := counterSeries("dns6", dataplane.PathCluster)
+			dns.Port.Protocol = model.UDP
+			want := map[dataplane.CounterSeries]uint64{cluster: n + m, external: m, dns: k}
 			countertest.Want(t, b, want)
-			kApply(t, b, st, full())
+			wantPkts := map[dataplane.CounterSeries]packetWant{cluster: {conns: n}, external: {conns: m}, dns: {datagrams: k}}
+			last := packetCounts(t, b)
+			checkPackets(t, last, wantPkts, 40, nil)
+
+			// A partial sync of the counted Service (a second endpoint) and a full sync.
+			w.set(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).NodePort(30002).Endpoints("[fd00:10::2]:80@local", "[fd00:10::3]:80").Build())
+			if res := kApply(t, b, state(), changed("ns/v6")); res.Full {
+				t.Fatal("the endpoint change was a full sync")
+			}
+			got := packetCounts(t, b)
+			checkPackets(t, got, wantPkts, 40, last)
+			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
+			checkPackets(t, packetCounts(t, b), wantPkts, 40, got)
 		})
 	}
 }

@@ -1,6 +1,15 @@
 package iptables
 
-import "testing"
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
+	"github.com/sluiceproxy/sluice/pkg/model"
+)
 
 func TestParseCounterLines(t *testing.T) {
 	listed := []struct {
@@ -90,5 +99,110 @@ func TestRestartFold(t *testing.T) {
 	f.fold(nil, []string{"other"}, false)
 	if got := read(2, false); got != 2 {
 		t.Errorf("a chain counted again after it was not: %d, want 2 (nothing folded)", got)
+	}
+}
+
+// TestPacketCountersComeAndGoWithTheFirstAndLastCountedService: with nothing counted
+// mangle holds nothing of the packet counters; the first counted Service brings them
+// with a full sync, a counted Service's endpoint change writes nothing to mangle, a
+// second counted Service is a partial sync adding its rules and chains, and the last one
+// uncounted removes them all with a full sync.
+func TestPacketCountersComeAndGoWithTheFirstAndLastCountedService(t *testing.T) {
+	for _, f := range []Flavour{FlavourLegacy, FlavourNFT} {
+		t.Run(string(f), func(t *testing.T) {
+			b, k, _ := newTestBackend(t, testConfig(model.IPv4), f)
+			w := featureWorld()
+			mustApply(t, b, w.state(model.IPv4), full())
+			if m := k.save(tableMangle); strings.Contains(m, "SLUICE-") {
+				t.Fatalf("nothing counted, yet mangle holds:\n%s", m)
+			}
+			writes := func(what string, st *model.NodeState, ch model.Changes, wantFull bool, wantMangle bool) {
+				t.Helper()
+				k.restores = nil
+				res := mustApply(t, b, st, ch)
+				if res.Full != wantFull {
+					t.Errorf("%s: full sync %v (%q), want %v", what, res.Full, b.LastStats().Reason, wantFull)
+				}
+				wrote := strings.Contains(strings.Join(k.restores, ""), "SLUICE-")
+				if wrote != wantMangle {
+					t.Errorf("%s: packet counter lines written: %v, want %v:\n%s", what, wrote, wantMangle, strings.Join(k.restores, ""))
+				}
+			}
+			writes("the first counted Service", countertest.Counted(w.state(model.IPv4), "ns3/svc3"), changed("ns3/svc3"), true, true)
+			if got := b.LastStats().Reason; got != "packet counters switched" {
+				t.Errorf("reason %q", got)
+			}
+			m := k.save(tableMangle)
+			for _, want := range []string{"-A PREROUTING ! -i lo -m conntrack --ctdir ORIGINAL", "-A OUTPUT -m conntrack --ctdir ORIGINAL",
+				`"ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -g SLUICE-PKTC-`,
+				`"ns3/svc3:p80 node port" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 3003 -g SLUICE-PKTE-`} {
+				if !strings.Contains(m, want) {
+					t.Errorf("mangle lacks %q:\n%s", want, m)
+				}
+			}
+			w.set(fixture.APIService("ns3/svc3", "p80", model.TCP, "172.30.0.43", 80).NodePort(3003).Endpoints("10.180.2.3:80", "10.180.2.4:80").Build())
+			writes("an endpoint change of the counted Service", countertest.Counted(w.state(model.IPv4), "ns3/svc3"), changed("ns3/svc3"), false, false)
+			both := countertest.Counted(w.state(model.IPv4), "ns3/svc3", "ns1/svc1")
+			writes("a second counted Service", both, changed("ns1/svc1"), false, true)
+			if m := k.save(tableMangle); !strings.Contains(m, `"ns1/svc1:p80 cluster IP"`) {
+				t.Errorf("ns1/svc1's rule missing:\n%s", m)
+			}
+			writes("a full resync", both, full(), true, true)
+			writes("one uncounted", countertest.Counted(w.state(model.IPv4), "ns3/svc3"), changed("ns1/svc1"), false, true)
+			if m := k.save(tableMangle); strings.Contains(m, "ns1/svc1") || !strings.Contains(m, "ns3/svc3") {
+				t.Errorf("after uncounting ns1/svc1:\n%s", m)
+			}
+			writes("the last uncounted", countertest.Counted(w.state(model.IPv4), "none/none"), changed("ns3/svc3"), true, true)
+			if m := k.save(tableMangle); strings.Contains(m, "SLUICE-") {
+				t.Errorf("nothing counted any more, yet mangle holds:\n%s", m)
+			}
+			writes("a full resync with nothing counted", countertest.Counted(w.state(model.IPv4), "none/none"), full(), true, false)
+			assertConsistent(t, k)
+		})
+	}
+}
+
+// TestTracedPacketsCountOnThePathOfTheirAddress follows packets through mangle: each
+// counts once, on the counter of the address it was sent to (ClusterIP: cluster, or local
+// under internalTrafficPolicy Local; NodePort, external IP, LoadBalancer IP: external),
+// LoadBalancer IPs only from the allowed source ranges, and a packet looped back through
+// lo (already counted in OUTPUT) not again.
+func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
+	st := featureWorld().state(model.IPv4)
+	env := &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}
+	pkt := func(src netip.Addr, dst string, proto string, port int) packet {
+		return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
+	}
+	webCluster := prefixPacketsCluster + portHash("ns1/svc1:p80", "tcp")
+	mustApply(t, b, st, full())
+	if got := env.counters(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
+		t.Fatalf("nothing counted, yet a packet went through %v", got)
+	}
+	mustApply(t, b, countertest.Counted(st), full())
+	looped := pkt(nodeIP, nodeIP.String(), "tcp", 3003)
+	looped.iif = "lo"
+	local := pkt(nodeIP, "172.30.0.49", "tcp", 80)
+	local.iif, local.local = "", true
+	for _, tc := range []struct {
+		name string
+		pkt  packet
+		want []string
+	}{
+		{"ClusterIP", pkt(outside, "172.30.0.41", "tcp", 80), []string{webCluster}},
+		{"ClusterIP, another port", pkt(outside, "172.30.0.41", "tcp", 81), nil},
+		{"ClusterIP, another protocol", pkt(outside, "172.30.0.41", "udp", 80), nil},
+		{"UDP ClusterIP", pkt(outside, "172.30.0.53", "udp", 53), []string{prefixPacketsCluster + portHash("ns11/dns:p80", "udp")}},
+		{"ClusterIP without endpoints", pkt(outside, "172.30.0.42", "tcp", 80), []string{prefixPacketsCluster + portHash("ns2/svc2:p80", "tcp")}},
+		{"NodePort", pkt(outside, nodeIP.String(), "tcp", 3003), []string{prefixPacketsExternal + portHash("ns3/svc3:p80", "tcp")}},
+		{"external IP", pkt(outside, "192.168.99.7", "tcp", 80), []string{prefixPacketsExternal + portHash("ns7/svc7:p80", "tcp")}},
+		{"LoadBalancer IP from an allowed range", pkt(outside, "5.6.7.10", "tcp", 80), []string{prefixPacketsExternal + portHash("ns6/svc6:p80", "tcp")}},
+		{"LoadBalancer IP from elsewhere (filter drops it)", pkt(netip.MustParseAddr("198.51.100.1"), "5.6.7.10", "tcp", 80), nil},
+		{"from the node to a Local-policy ClusterIP", local, []string{prefixPacketsLocal + portHash("ns8/svc8:p80", "tcp")}},
+		{"looped back through lo", looped, nil},
+	} {
+		if got := env.counters(tc.pkt); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: counted by %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/netnstest"
@@ -67,7 +68,7 @@ func wipeIPTables(t testing.TB) {
 	run(t, "nft", "flush", "ruleset")
 }
 
-func newTopology(t *testing.T) *kTopology {
+func newTopology(t testing.TB) *kTopology {
 	t.Helper()
 	wipeIPTables(t)
 	t.Cleanup(func() { wipeIPTables(t) })
@@ -103,7 +104,7 @@ func newTopology(t *testing.T) *kTopology {
 }
 
 // serve answers TCP and UDP on port in ns with "<name> <source address>".
-func serve(t *testing.T, ns, name string, port int) {
+func serve(t testing.TB, ns, name string, port int) {
 	t.Helper()
 	var ln net.Listener
 	var pc net.PacketConn
@@ -445,13 +446,17 @@ func TestKernelCleanupLeavesNothing(t *testing.T) {
 		t.Run(string(f), func(t *testing.T) {
 			newTopology(t)
 			b := newKernelBackend(t, f)
-			kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
+			// Every Service counted: the packet counters' chains and jumps in mangle go too.
+			kApply(t, b, countertest.Counted(kWorld("192.168.0.0/24").kstate()), full())
+			if !mangleHolds(t, f, model.IPv4) {
+				t.Fatal("no packet counters in mangle before Cleanup")
+			}
 			if err := Cleanup(context.Background(), model.IPv4); err != nil {
 				t.Fatalf("Cleanup: %v", err)
 			}
 			out := run(t, "iptables-"+string(f)+"-save")
 			for _, l := range strings.Split(out, "\n") {
-				if strings.Contains(l, "KUBE-") && !strings.Contains(l, "KUBE-FIREWALL") {
+				if (strings.Contains(l, "KUBE-") || strings.Contains(l, "SLUICE-")) && !strings.Contains(l, "KUBE-FIREWALL") {
 					t.Errorf("left after Cleanup: %s", l)
 				}
 			}
@@ -581,6 +586,11 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	run(t, "iptables-legacy", "-t", "nat", "-N", "KUBE-SVC-LEGACYLEFTOVER1")
 	run(t, "iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES")
 	run(t, "iptables-legacy", "-t", "nat", "-I", "PREROUTING", "-j", "KUBE-SERVICES")
+	// sluice's packet counters, left in the other flavour.
+	run(t, "iptables-legacy", "-t", "mangle", "-N", "SLUICE-SERVICE-PACKETS")
+	run(t, "iptables-legacy", "-t", "mangle", "-N", "SLUICE-PKTC-LEGACYLEFTOVER1")
+	run(t, "iptables-legacy", "-t", "mangle", "-A", "SLUICE-SERVICE-PACKETS", "-j", "SLUICE-PKTC-LEGACYLEFTOVER1")
+	run(t, "iptables-legacy", "-t", "mangle", "-I", "PREROUTING", "-j", "SLUICE-SERVICE-PACKETS")
 
 	b, err := New(context.Background(), kernelConfig(), WithFlavour(FlavourNFT))
 	if err != nil {
@@ -601,6 +611,9 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	}
 	if out := run(t, "iptables-legacy-save", "-t", "nat"); strings.Contains(out, "KUBE-") {
 		t.Errorf("kube-proxy rules left in the legacy flavour:\n%s", out)
+	}
+	if mangleHolds(t, FlavourLegacy, model.IPv4) {
+		t.Errorf("packet counters left in the legacy flavour:\n%s", run(t, "iptables-legacy-save", "-t", "mangle"))
 	}
 	expectOneOf(t, "traffic after the cleanup", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1", "pod-b 10.180.2.1")
 }

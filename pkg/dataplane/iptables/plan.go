@@ -155,6 +155,9 @@ type appliedService struct {
 	filterTop                        []topRule
 	natRules                         int
 	noLocalInternal, noLocalExternal int
+	// mangleTop are its packet counters' dispatch rules, mangleChains its counter chains.
+	mangleTop    []topRule
+	mangleChains []string
 }
 
 // appliedChain is one per-Service chain in the kernel and a hash of its rules: a partial
@@ -179,7 +182,10 @@ func chainSum(c *chainRules) uint64 {
 func appliedFrom(s *serviceRules) *appliedService {
 	a := &appliedService{ports: s.ports, natTop: s.natTop, filterTop: s.filterTop, natRules: s.natRuleCount(),
 		noLocalInternal: s.noLocalInternal, noLocalExternal: s.noLocalExternal,
-		natChains: make([]appliedChain, 0, len(s.natChains))}
+		natChains: make([]appliedChain, 0, len(s.natChains)), mangleTop: s.mangleTop}
+	for _, c := range s.mangleChains {
+		a.mangleChains = append(a.mangleChains, c.name)
+	}
 	for i := range s.natChains {
 		a.natChains = append(a.natChains, appliedChain{s.natChains[i].name, chainSum(&s.natChains[i]), len(s.natChains[i].rules)})
 	}
@@ -206,9 +212,48 @@ func renderUnits(units []unit) *restoreInput {
 	r := newRestoreInput()
 	var natDecls []chainDecl
 	var natDeletes, natAdds, natRules, natStale, filterDeletes, filterAdds []ownedLine
+	var mangleDecls []chainDecl
+	var mangleRules, mangleDeletes, mangleAdds, mangleStale []ownedLine
 	for _, u := range units {
 		owner := lineOwner{kind: lineService, service: u.name}
 		del := lineOwner{kind: lineDelete, service: u.name}
+		// The packet counters (mangle): a counter chain never changes while its port is
+		// counted, so only new ones are written and gone ones deleted; the dispatch rules
+		// are diffed like the shared chains' rules.
+		var oldMangle, newMangle []topRule
+		var oldCounters []string
+		if u.old != nil {
+			oldMangle, oldCounters = u.old.mangleTop, u.old.mangleChains
+		}
+		newCounters := map[string]bool{}
+		if u.new != nil {
+			newMangle = u.new.mangleTop
+			for i := range u.new.mangleChains {
+				c := &u.new.mangleChains[i]
+				newCounters[c.name] = true
+				if slices.Contains(oldCounters, c.name) {
+					continue
+				}
+				mangleDecls = append(mangleDecls, chainDecl{c.name, owner})
+				for _, l := range c.rules {
+					mangleRules = append(mangleRules, ownedLine{owner, l})
+				}
+			}
+		}
+		gone, added := diffTop(oldMangle, newMangle)
+		for _, t := range gone {
+			mangleDeletes = append(mangleDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
+		}
+		for _, t := range added {
+			mangleAdds = append(mangleAdds, ownedLine{owner, "-A " + t.chain + " " + t.spec})
+		}
+		for _, c := range oldCounters {
+			if !newCounters[c] {
+				stale := lineOwner{kind: lineStale, chain: c}
+				mangleDecls = append(mangleDecls, chainDecl{c, stale})
+				mangleStale = append(mangleStale, ownedLine{stale, "-X " + c})
+			}
+		}
 		var oldNat, oldFilter []topRule
 		oldChains := map[string]uint64{}
 		if u.old != nil {
@@ -233,7 +278,7 @@ func renderUnits(units []unit) *restoreInput {
 				}
 			}
 		}
-		gone, added := diffTop(oldNat, newNat)
+		gone, added = diffTop(oldNat, newNat)
 		for _, t := range gone {
 			natDeletes = append(natDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
 		}
@@ -254,6 +299,14 @@ func renderUnits(units []unit) *restoreInput {
 				natStale = append(natStale, ownedLine{stale, "-X " + c})
 			}
 		}
+	}
+	// mangle (packet counters of counted Services only) before nat: when it fails,
+	// nothing was committed.
+	if len(mangleDecls)+len(mangleDeletes)+len(mangleAdds) > 0 {
+		r.beginTable(tableMangle)
+		writeDecls(r, mangleDecls)
+		writeOwned(r, mangleRules, mangleDeletes, mangleAdds, mangleStale)
+		r.commit()
 	}
 	// nat first: a Service gaining endpoints is DNATed before its REJECT goes away, and
 	// when nat fails nothing at all was committed.
@@ -351,6 +404,10 @@ type fullPlan struct {
 	undeletable map[string]bool
 	// canary declares KUBE-PROXY-CANARY in mangle, nat and filter.
 	canary bool
+	// packets: some port is counted, so the packet counters' jumps and chainPackets
+	// exist; mangle is what the kernel held of them before (nil: nothing).
+	packets bool
+	mangle  *mangleView
 }
 
 // renderFull builds the restore input of a full sync: every top-level chain is flushed and
@@ -359,9 +416,12 @@ type fullPlan struct {
 func renderFull(p *fullPlan) *restoreInput {
 	r := newRestoreInput()
 	global := lineOwner{}
-	if p.canary {
+	if p.canary || p.packets || !p.mangle.empty() {
 		r.beginTable(tableMangle)
-		r.add(global, declLine(chainCanary))
+		if p.canary {
+			r.add(global, declLine(chainCanary))
+		}
+		renderFullPackets(r, p)
 		r.commit()
 	}
 

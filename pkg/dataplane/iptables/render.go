@@ -148,6 +148,10 @@ type serviceRules struct {
 	natTop    []topRule
 	filterTop []topRule
 	natChains []chainRules
+	// mangleTop are the packet counters' dispatch rules (in chainPackets) and
+	// mangleChains their counter chains, of Counted ports only (packets.go).
+	mangleTop    []topRule
+	mangleChains []chainRules
 	// carry holds the counts a counted chain's counter rule (its first) is written
 	// with ("[packets:bytes]", iptables-restore --counters), read from the kernel just
 	// before the chain is rewritten; nil when nothing is carried.
@@ -232,6 +236,7 @@ func renderPort(rc *renderConfig, sp *model.ServicePort, s *serviceRules) {
 	pr.policyChains()
 	pr.endpointChains()
 	pr.counters()
+	pr.packetCounters()
 	for _, name := range pr.order {
 		s.natChains = append(s.natChains, chainRules{name: name, rules: pr.rules[name]})
 	}

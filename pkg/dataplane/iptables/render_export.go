@@ -78,7 +78,7 @@ func renderFullSync(state *model.NodeState, cfg dataplane.Config, localAddrs []n
 		endpoints += len(sp.AllEndpoints)
 	}
 	rc := newRenderConfig(cfg, state.Node, localAddrs, tcpLiberal, nfacct, endpoints)
-	p := &fullPlan{static: renderStatic(rc), canary: true}
+	p := &fullPlan{static: renderStatic(rc), canary: true, packets: counting(state)}
 	names := state.ServiceNames().UnsortedList()
 	slices.SortFunc(names, compareNames)
 	for _, name := range names {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -63,9 +64,13 @@ func TestRenderIsWhatAFullSyncProgramsOnAnEmptyKernel(t *testing.T) {
 		opts   RenderOptions
 		// backend are the options that give the backend the node facts opts describe.
 		backend []Option
+		// counted: every Service's traffic counted (the packet counters in mangle).
+		counted bool
 	}{
 		{name: "IPv4 defaults", family: model.IPv4},
 		{name: "IPv6", family: model.IPv6},
+		{name: "IPv4, every Service counted", family: model.IPv4, counted: true},
+		{name: "IPv6, every Service counted", family: model.IPv6, counted: true},
 		{name: "nodePortAddresses, interface prefix, masqueradeAll", family: model.IPv4,
 			cfg: func(c *dataplane.Config) {
 				c.NodePortAddresses = dataplane.NodePortAddresses{CIDRs: []netip.Prefix{mustPrefix("192.168.0.0/24"), mustPrefix("127.0.0.0/8")}}
@@ -95,6 +100,9 @@ func TestRenderIsWhatAFullSyncProgramsOnAnEmptyKernel(t *testing.T) {
 					tc.cfg(&cfg)
 				}
 				state := featureWorld().state(tc.family)
+				if tc.counted {
+					state = countertest.Counted(state)
+				}
 
 				k := newFakeKernel(flavour)
 				program := "iptables"

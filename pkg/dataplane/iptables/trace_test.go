@@ -47,10 +47,33 @@ type pktState struct {
 	mark   uint32
 	dnat   string
 	ctDNAT bool
+	// counted lists the packet counter chains (mangle) the packet went through.
+	counted []string
 }
 
 func (e *traceEnv) isLocal(a netip.Addr) bool {
 	return a.IsLoopback() || slices.Contains(e.localAddrs, a)
+}
+
+// counters returns the packet counter chains (mangle) the packet goes through before
+// nat: the counters that count it. The packet is the original direction of a tracked
+// connection.
+func (e *traceEnv) counters(p packet) []string {
+	chain := "PREROUTING"
+	if p.local {
+		chain = "OUTPUT"
+	}
+	e.k.mu.Lock()
+	_, ok := e.k.tables[tableMangle].chains[chain]
+	e.k.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, r := range e.run(tableMangle, chain, pktState{packet: p}) {
+		out = append(out, r.state.counted...)
+	}
+	return out
 }
 
 // trace returns every outcome of a packet.
@@ -122,6 +145,9 @@ func (e *traceEnv) chain(table, chain string, s pktState, depth int) []runResult
 	e.k.mu.Unlock()
 	if !ok {
 		e.t.Fatalf("trace: no chain %s in %s", chain, table)
+	}
+	if table == tableMangle && isPacketChain(chain) {
+		s.counted = append(slices.Clone(s.counted), chain)
 	}
 	return e.rules(table, rules, 0, s, depth)
 }
@@ -263,6 +289,9 @@ func (e *traceEnv) matches(args []string, s pktState) (match, random bool) {
 			ok = strconv.Itoa(s.dport) == next()
 		case "--comment", "--nfacct-name", "--name", "--seconds":
 			next()
+		case "--ctdir":
+			// Traced packets are the original direction of their connection.
+			ok = next() == "ORIGINAL"
 		case "--src-type":
 			if next() != "LOCAL" {
 				e.t.Fatalf("trace: unsupported --src-type")

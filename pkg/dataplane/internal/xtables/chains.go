@@ -17,14 +17,25 @@ import (
 // Ownership is by table: a chain is kube-proxy's in the table where one of its modes
 // creates it, nowhere else. Kubelet's chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
 // KUBE-MARK-DROP, KUBE-IPTABLES-HINT) are never kube-proxy's, and neither is anything
-// without the KUBE- prefix.
+// without the KUBE- prefix, but for sluice's own packet counter chains in mangle
+// (PacketCounterChain, PacketCounterChainPrefix: issue 13, written only while a Service's
+// traffic is counted), which the iptables mode owns like its other chains, so that a
+// switch to another mode and `sluice --cleanup` remove them.
 
 // iptablesModeChains are the fixed chains of the iptables mode, by table.
 var iptablesModeChains = map[string][]string{
 	TableNAT:    {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-PROXY-CANARY"},
 	TableFilter: {"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL", "KUBE-PROXY-CANARY"},
-	TableMangle: {"KUBE-PROXY-CANARY"},
+	TableMangle: {"KUBE-PROXY-CANARY", PacketCounterChain},
 }
+
+// PacketCounterChain (mangle) is jumped to from PREROUTING and OUTPUT while a Service's
+// traffic is counted, and sends each packet to a Service port to its counter chain;
+// PacketCounterChainPrefix starts the names of those counter chains (mangle).
+const (
+	PacketCounterChain       = "SLUICE-SERVICE-PACKETS"
+	PacketCounterChainPrefix = "SLUICE-PKT"
+)
 
 // ipvsModeChains are the chains of the ipvs mode, by table.
 var ipvsModeChains = map[string][]string{
@@ -55,7 +66,8 @@ func IsServiceChain(chain string) bool {
 
 // IPTablesModeChain reports whether the iptables mode owns chain in table.
 func IPTablesModeChain(table, chain string) bool {
-	return slices.Contains(iptablesModeChains[table], chain) || table == TableNAT && IsServiceChain(chain)
+	return slices.Contains(iptablesModeChains[table], chain) || table == TableNAT && IsServiceChain(chain) ||
+		table == TableMangle && strings.HasPrefix(chain, PacketCounterChainPrefix)
 }
 
 // IPVSModeChain reports whether the ipvs mode owns chain in table.

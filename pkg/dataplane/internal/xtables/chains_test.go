@@ -20,6 +20,10 @@ func TestChainOwnershipIsByModeAndTable(t *testing.T) {
 		{TableNAT, "KUBE-XLB-ABCDEFGHIJKLMNOP", true, false},
 		{TableFilter, "KUBE-SVC-ABCDEFGHIJKLMNOP", false, false},
 		{TableMangle, "KUBE-PROXY-CANARY", true, false},
+		{TableMangle, "SLUICE-SERVICE-PACKETS", true, false},
+		{TableMangle, "SLUICE-PKTE-ABCDEFGHIJKLMNOP", true, false},
+		{TableNAT, "SLUICE-SERVICE-PACKETS", false, false},
+		{TableFilter, "SLUICE-PKTC-ABCDEFGHIJKLMNOP", false, false},
 		{TableFilter, "KUBE-NODE-PORT", false, true},
 		{TableNAT, "KUBE-LOAD-BALANCER", false, true},
 		{TableFilter, "KUBE-IPVS-OUT-FILTER", false, true},
@@ -192,5 +196,46 @@ func TestRemoveChainsReportsARefusedRestore(t *testing.T) {
 	r := &recordingRunner{saved: savedBoth, fail: errors.New("refused")}
 	if n, err := RemoveChains(context.Background(), r, KubeProxyChain, 0); err == nil || n != 0 {
 		t.Errorf("removed %d, err %v; want nothing removed and the error", n, err)
+	}
+}
+
+// TestRemoveChainsTakesThePacketCountersOutOfMangle: sluice's packet counters (the
+// iptables mode's, in mangle) go with their jumps; kubelet's chains in mangle stay.
+func TestRemoveChainsTakesThePacketCountersOutOfMangle(t *testing.T) {
+	r := &recordingRunner{saved: `*mangle
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:SLUICE-PKTC-ABCDEF - [0:0]
+:SLUICE-SERVICE-PACKETS - [0:0]
+-A PREROUTING ! -i lo -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+-A OUTPUT -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+-A SLUICE-PKTC-ABCDEF -m comment --comment "ns/web:http traffic counter"
+-A SLUICE-SERVICE-PACKETS -d 172.30.0.1/32 -p tcp -m tcp --dport 80 -g SLUICE-PKTC-ABCDEF
+COMMIT
+`}
+	n, err := RemoveChains(context.Background(), r, KubeProxyChain, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`*mangle
+:SLUICE-SERVICE-PACKETS - [0:0]
+:SLUICE-PKTC-ABCDEF - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+-D PREROUTING ! -i lo -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+-D OUTPUT -m conntrack --ctdir ORIGINAL -m comment --comment "sluice service packet counters" -j SLUICE-SERVICE-PACKETS
+COMMIT
+`, `*mangle
+-X KUBE-PROXY-CANARY
+-X SLUICE-PKTC-ABCDEF
+-X SLUICE-SERVICE-PACKETS
+COMMIT
+`}
+	if n != 3 {
+		t.Errorf("removed %d chains, want 3", n)
+	}
+	if diff := cmp.Diff(want, r.restores); diff != "" {
+		t.Errorf("restores (-want +got):\n%s", diff)
 	}
 }
