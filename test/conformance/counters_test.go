@@ -110,16 +110,16 @@ type pathCount struct {
 	hasPackets bool
 }
 
-// counterSnapshot is one scrape's counters of one Service port, by path, and every series
-// of the Service (of any port or metric), as "metric{labels}".
+// counterSnapshot is one scrape's counters of one Service port, by path, and the metrics
+// with a series of the Service (of any port or path).
 type counterSnapshot struct {
 	paths  map[string]pathCount
 	series []string
 }
 
-// readCounters scrapes the sluice in counterNode and picks out svc's counters of portName.
+// readCounters scrapes the sluice in counterNode and picks out svc's counters of port sp.
 // A scrape reads the kernel's counters (the collector reads on scrape).
-func (cl *cluster) readCounters(svc *corev1.Service, portName string) (counterSnapshot, error) {
+func (cl *cluster) readCounters(svc *corev1.Service, sp corev1.ServicePort) (counterSnapshot, error) {
 	snap := counterSnapshot{paths: map[string]pathCount{}}
 	body, err := httpGetBody(&cl.topo.Node(counterNode).Host, metricsURL)
 	if err != nil {
@@ -129,31 +129,16 @@ func (cl *cluster) readCounters(svc *corev1.Service, portName string) (counterSn
 	if err != nil {
 		return snap, err
 	}
-	var proto corev1.Protocol
-	for _, p := range svc.Spec.Ports {
-		if p.Name == portName {
-			proto = p.Protocol
-		}
-	}
 	for _, name := range []string{metricNewConnections, metricPackets, metricBytes} {
-		mf := fams[name]
-		if mf == nil {
-			continue
+		if _, found := fams.Value(name, "namespace", svc.Namespace, "service", svc.Name); found {
+			snap.series = append(snap.series, name)
 		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["namespace"] != svc.Namespace || labels["service"] != svc.Name {
+		for _, path := range counterPaths {
+			v, found := fams.Value(name, "namespace", svc.Namespace, "service", svc.Name, "port", sp.Name, "protocol", string(sp.Protocol), "path", path)
+			if !found {
 				continue
 			}
-			snap.series = append(snap.series, fmt.Sprintf("%s{port=%q,protocol=%q,path=%q}", name, labels["port"], labels["protocol"], labels["path"]))
-			if labels["port"] != portName || labels["protocol"] != string(proto) {
-				continue
-			}
-			pc := snap.paths[labels["path"]]
-			v := m.GetCounter().GetValue()
+			pc := snap.paths[path]
 			switch name {
 			case metricNewConnections:
 				pc.conns = v
@@ -162,7 +147,7 @@ func (cl *cluster) readCounters(svc *corev1.Service, portName string) (counterSn
 			case metricBytes:
 				pc.bytes = v
 			}
-			snap.paths[labels["path"]] = pc
+			snap.paths[path] = pc
 		}
 	}
 	return snap, nil
@@ -367,14 +352,14 @@ func (cl *cluster) measureCounts(svc *corev1.Service, traffic func() error, chec
 		if err != nil {
 			return err.Error()
 		}
-		before, err := cl.readCounters(svc, "http")
+		before, err := cl.readCounters(svc, httpPort)
 		if err != nil {
 			return err.Error()
 		}
 		if err := traffic(); err != nil {
 			return err.Error()
 		}
-		after, err := cl.readCounters(svc, "http")
+		after, err := cl.readCounters(svc, httpPort)
 		if err != nil {
 			return err.Error()
 		}
@@ -424,12 +409,12 @@ func (t *T) expectNoCounters(svc *corev1.Service) {
 		what: fmt.Sprintf("%s's traffic counters of a Service without the annotation", counterNode),
 		want: []string{"no series"}, once: true,
 		observe: func(cl *cluster) string {
-			snap, err := cl.readCounters(svc, "http")
+			snap, err := cl.readCounters(svc, httpPort)
 			switch {
 			case err != nil:
 				return err.Error()
 			case len(snap.series) > 0:
-				return "series " + strings.Join(snap.series, ", ")
+				return "series of " + strings.Join(snap.series, ", ")
 			}
 			return "no series"
 		},
@@ -476,7 +461,7 @@ func (t *T) expectCountsSurvive(what string, c client, tgs []target, svc, change
 					return err.Error()
 				}
 				marks.set(cl, m)
-				before, err := cl.readCounters(svc, "http")
+				before, err := cl.readCounters(svc, httpPort)
 				if err != nil {
 					return err.Error()
 				}
@@ -506,7 +491,7 @@ func (t *T) expectCountsSurvive(what string, c client, tgs []target, svc, change
 				if err := cl.waitProgrammed(changed, pods); err != nil {
 					return err.Error()
 				}
-				after, err := cl.readCounters(svc, "http")
+				after, err := cl.readCounters(svc, httpPort)
 				if err != nil {
 					return err.Error()
 				}
@@ -592,7 +577,7 @@ func (t *T) expectExplained(svc *corev1.Service, counted bool) {
 		what: fmt.Sprintf("sluice explain %s/%s on %s", svc.Namespace, svc.Name, counterNode),
 		want: []string{want}, once: true,
 		observe: func(cl *cluster) string {
-			snap, err := cl.readCounters(svc, "http")
+			snap, err := cl.readCounters(svc, httpPort)
 			if err != nil {
 				return err.Error()
 			}
