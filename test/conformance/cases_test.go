@@ -26,6 +26,10 @@ type conformanceCase struct {
 	// variants are the family variants the case runs in; nil means all three. A case
 	// that is family-specific says so here and in its comment.
 	variants []family
+	// proxies are the clusters ("sluice/nftables") the case runs in; nil means all. A
+	// case about a feature of sluice's that upstream does not have runs in sluice's
+	// clusters only, and nothing of it is compared with upstream.
+	proxies []string
 }
 
 var cases = []conformanceCase{
@@ -56,6 +60,7 @@ var cases = []conformanceCase{
 	{name: "LocalPolicyDoesNotApplyToClusterClients", run: localPolicyDoesNotApplyToClusterClients},
 	{name: "UDPFlowRecoversWhenEndpointsAppear", run: udpFlowRecoversWhenEndpointsAppear},
 	{name: "LocalPolicyDrainsLocalTerminatingEndpoints", run: localPolicyDrainsLocalTerminatingEndpoints},
+	{name: "TrafficCounters", run: trafficCountersCase, proxies: []string{"sluice/iptables", "sluice/nftables"}},
 }
 
 // disruptiveCases stop a proxy or the apiserver, which every case depends on: they run

@@ -89,6 +89,10 @@ func runCase(t *testing.T, e *env, name string, fam family, fn func(*T)) {
 			cl.mu.Unlock()
 		}
 	})
+	if len(ct.clusters()) == 0 {
+		// A sluice-only case in a run of upstream alone, or of a mode it is not about.
+		t.Skipf("no cluster under test runs %s", name)
+	}
 	fn(ct)
 }
 
@@ -417,6 +421,9 @@ type check struct {
 	// fatal are outcomes that fail the check at once, where polling on would only hide
 	// them (a UDP flow that went back to its old pod).
 	fatal []string
+	// only, when set, restricts the check to the clusters it accepts (a measurement made
+	// again only where it has to be).
+	only func(cl *cluster) bool
 }
 
 // run makes the check in every cluster still in the case, in parallel, and records it.
@@ -424,6 +431,9 @@ func (t *T) run(c check) {
 	t.Helper()
 	seq := t.nextSeq()
 	t.each(func(cl *cluster) error {
+		if c.only != nil && !c.only(cl) {
+			return nil
+		}
 		want, err := t.want(cl, c)
 		got, ok := t.poll(cl, c, want)
 		cl.mu.Lock()

@@ -129,7 +129,23 @@ type cluster struct {
 
 // runs reports whether the cluster takes part in the named case.
 func (cl *cluster) runs(caseName string) bool {
+	if ps, ok := caseProxies[caseName]; ok && !slices.Contains(ps, cl.name) {
+		return false
+	}
 	return cl.only == nil || slices.Contains(cl.only, caseName)
+}
+
+// caseProxies are the clusters each case restricted to some runs in (conformanceCase.proxies),
+// by case name; filled from cases by init, which the cases' functions cannot refer to.
+var caseProxies map[string][]string
+
+func init() {
+	caseProxies = map[string][]string{}
+	for _, c := range cases {
+		if c.proxies != nil {
+			caseProxies[c.name] = c.proxies
+		}
+	}
 }
 
 // setup builds the whole environment for t, or fails it.
@@ -465,6 +481,9 @@ func firstSyncTimeout() time.Duration {
 	return max(3*time.Minute, 2*readyTimeout())
 }
 
+// metricsURL is the proxies' metrics page (metricsBindAddress), inside each node.
+const metricsURL = "http://127.0.0.1:10249/metrics"
+
 // lastSyncMetric is the gauge sluice (and kube-proxy) set after every successful sync, per
 // IP family.
 const lastSyncMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
@@ -475,7 +494,7 @@ const lastSyncMetric = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 // before the first sync would measure how long that sync takes, not the behaviour it is
 // about.
 func (e *env) waitSynced(cl *cluster, n *topology.Node) error {
-	url := "http://127.0.0.1:10249/metrics"
+	url := metricsURL
 	var last string
 	deadline := time.Now().Add(firstSyncTimeout())
 	for time.Now().Before(deadline) {

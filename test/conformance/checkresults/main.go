@@ -103,7 +103,7 @@ func check(dirs []string, tablePath, diffPath, readmePath string, update, refere
 		}
 		ps := results.Compare(s, u, diffs)
 		problems = append(problems, ps...)
-		fmt.Printf("%s: sluice and upstream compared over %d checks, %d problem(s)\n", b, len(s.Checks), len(ps))
+		fmt.Printf("%s: sluice and upstream compared over %d of sluice's %d checks, %d problem(s)\n", b, results.Compared(s, u), len(s.Checks), len(ps))
 		for _, d := range diffs {
 			if d.Backend == b {
 				fmt.Printf("  declared difference %s: sluice %q, upstream %q\n", d, d.Sluice, d.Upstream)

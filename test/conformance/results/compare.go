@@ -68,6 +68,21 @@ func Find(diffs []Difference, backend string, c Check) (Difference, bool) {
 	return Difference{}, false
 }
 
+// Compared counts the checks of sluice's run that Compare compares with upstream's: those
+// of the cases that passed in both runs in the same family variant (a sluice-only case,
+// which upstream's run has no result for, is not among them).
+func Compared(sluice, upstream *Run) int {
+	n := 0
+	for _, c := range sluice.Checks {
+		_, passedS := sluice.ranCase(c.Case, c.Family)
+		_, passedU := upstream.ranCase(c.Case, c.Family)
+		if passedS && passedU {
+			n++
+		}
+	}
+	return n
+}
+
 // Compare compares sluice's run with upstream's run of the same backend, check by check,
 // over the cases that passed in both in the same family variant (a failed case is a
 // failure of its own). Every outcome must be equal unless a

@@ -65,6 +65,19 @@ func TestCompare(t *testing.T) {
 	}
 }
 
+func TestComparedCountsOnlyCasesBothRunsPassed(t *testing.T) {
+	shared := chk("NoEndpoints", "IPv4", 1, "b1 -> ClusterIP IPv4 http/tcp", "refused")
+	sluiceOnly := chk("TrafficCounters", "IPv4", 1, "node-a's traffic counters", "+5")
+	s := run(Sluice, "nftables", true, shared, sluiceOnly)
+	u := run(Upstream, "nftables", true, shared)
+	if got := Compared(s, u); got != 1 {
+		t.Errorf("Compared = %d, want 1 (the sluice-only case's check is not compared)", got)
+	}
+	if got := Compare(s, u, nil); len(got) != 0 {
+		t.Errorf("Compare = %q, want no problem", got)
+	}
+}
+
 func TestParseDifferencesRequiresEveryField(t *testing.T) {
 	good := "- case: C\n  backend: ipvs\n  check: x\n  sluice: refused\n  upstream: timeout\n  why: because\n"
 	if d, err := ParseDifferences([]byte(good)); err != nil || len(d) != 1 || d[0].Family != "" {
