@@ -182,9 +182,9 @@ func (o *Options) flagDefs() []flagDef {
 		{&c.ClientConnection.QPS, "kube-api-qps", "Sustained number of API requests per second."},
 		// The node, the health and metrics servers, the mode and the caches' resync.
 		{&o.hostnameOverride, "hostname-override", "Name of the Node object sluice runs for. Empty means the machine's hostname. Takes precedence over hostnameOverride in --config."},
-		{&ipValue{target: &c.BindAddress}, "bind-address", "Overrides which IP sluice treats as this node's primary IP (no socket is bound to it; the name is historical). 0.0.0.0 or :: means: take the Node object's IPs. Ignored when --config is given."},
-		{&ipPortValue{target: &c.HealthzBindAddress}, "healthz-bind-address", "IP and port (IP alone takes port 10256) of the health check server. Only --healthz-port=0 turns the server off (an empty address means the default). Ignored when --config is given."},
-		{&ipPortValue{target: &c.MetricsBindAddress}, "metrics-bind-address", "IP and port (IP alone takes port 10249) of the metrics server. Use 0.0.0.0:10249 or [::]:10249 to serve on every interface. Ignored when --config is given."},
+		{ipValue(&c.BindAddress), "bind-address", "Overrides which IP sluice treats as this node's primary IP (no socket is bound to it; the name is historical). 0.0.0.0 or :: means: take the Node object's IPs. Ignored when --config is given."},
+		{ipPortValue(&c.HealthzBindAddress), "healthz-bind-address", "IP and port (IP alone takes port 10256) of the health check server. Only --healthz-port=0 turns the server off (an empty address means the default). Ignored when --config is given."},
+		{ipPortValue(&c.MetricsBindAddress), "metrics-bind-address", "IP and port (IP alone takes port 10249) of the metrics server. Use 0.0.0.0:10249 or [::]:10249 to serve on every interface. Ignored when --config is given."},
 		{&c.BindAddressHardFail, "bind-address-hard-fail", "Exit when the health check or metrics server cannot bind its port, instead of retrying."},
 		{&c.EnableProfiling, "profiling", "Serve Go profiles under /debug/pprof on the metrics server. Ignored when --config is given."},
 		{&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", "Expose again the metrics hidden in the previous minor release (the only accepted value, as <major>.<minor>), to give time to migrate before they are removed. Ignored when --config is given."},
@@ -443,62 +443,65 @@ func resolveNodeName(hostnameOverride string, osHostname func() (string, error))
 	return name, nil
 }
 
-// ipValue is a flag holding an IP address as text; it rejects anything else.
-type ipValue struct{ target *string }
+// addressValue is a flag holding an address as text; check rejects what is not one.
+type addressValue struct {
+	target *string
+	typ    string
+	check  func(string) error
+}
 
-func (v *ipValue) String() string {
+func (v *addressValue) String() string {
 	if v.target == nil {
 		return ""
 	}
 	return *v.target
 }
 
-// Set keeps the current value for "" (as upstream, which cannot clear these flags).
-func (v *ipValue) Set(s string) error {
+// Set keeps the current value for "" (as upstream, which cannot clear these flags:
+// --healthz-bind-address="" does not disable the health server, --healthz-port=0 does).
+func (v *addressValue) Set(s string) error {
 	if s == "" {
 		return nil
 	}
-	if netutils.ParseIPSloppy(s) == nil {
-		return fmt.Errorf("%q is not an IP address", s)
+	if err := v.check(s); err != nil {
+		return err
 	}
 	*v.target = s
 	return nil
 }
 
-func (v *ipValue) Type() string { return "ip" }
+func (v *addressValue) Type() string { return v.typ }
 
-// ipPortValue is a flag holding "IP" or "IP:port" as text; it rejects anything else.
-type ipPortValue struct{ target *string }
-
-func (v *ipPortValue) String() string {
-	if v.target == nil {
-		return ""
-	}
-	return *v.target
+// ipValue is a flag holding an IP address as text.
+func ipValue(target *string) *addressValue {
+	return &addressValue{target: target, typ: "ip", check: checkIP}
 }
 
-// Set keeps the current value for "": as upstream, --healthz-bind-address="" does not
-// disable the health server (--healthz-port=0 does).
-func (v *ipPortValue) Set(s string) error {
-	if s == "" {
-		return nil
+// ipPortValue is a flag holding "IP" or "IP:port" as text.
+func ipPortValue(target *string) *addressValue {
+	return &addressValue{target: target, typ: "ipport", check: checkIPPort}
+}
+
+func checkIP(s string) error {
+	if netutils.ParseIPSloppy(s) == nil {
+		return fmt.Errorf("%q is not an IP address", s)
 	}
+	return nil
+}
+
+func checkIPPort(s string) error {
 	if netutils.ParseIPSloppy(s) != nil {
-		*v.target = s
 		return nil
 	}
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		return fmt.Errorf("%q is neither IP nor IP:port: %w", s, err)
 	}
-	if netutils.ParseIPSloppy(host) == nil {
-		return fmt.Errorf("%q is not an IP address", host)
+	if err := checkIP(host); err != nil {
+		return err
 	}
 	if _, err := netutils.ParsePort(port, true); err != nil {
 		return fmt.Errorf("%q is not a port number", port)
 	}
-	*v.target = s
 	return nil
 }
-
-func (v *ipPortValue) Type() string { return "ipport" }
