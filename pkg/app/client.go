@@ -16,27 +16,27 @@ import (
 // newClient builds the API client from clientConnection, --kubeconfig and --master, the
 // way upstream does: an empty kubeconfig and master means in-cluster configuration.
 func newClient(o *config.Options) (kubernetes.Interface, error) {
-	rc, err := restConfig(o)
-	if err != nil {
-		return nil, err
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("creating the API client: %w", err)
-	}
-	return client, nil
+	// Built as a kubernetes.Interface, not a *Clientset, so that on error the caller gets a
+	// nil interface rather than one holding a nil *Clientset.
+	return clientFor(o, "API client", func(rc *rest.Config) (kubernetes.Interface, error) { return kubernetes.NewForConfig(rc) })
 }
 
 // newMetadataClient builds a client for objects' metadata (PartialObjectMetadata) with the
 // same connection settings as newClient; it always speaks protobuf.
 func newMetadataClient(o *config.Options) (metadata.Interface, error) {
+	return clientFor(o, "API metadata client", metadata.NewForConfig)
+}
+
+// clientFor builds a client of restConfig's connection with build; what names it in errors.
+func clientFor[C any](o *config.Options, what string, build func(*rest.Config) (C, error)) (C, error) {
+	var none C
 	rc, err := restConfig(o)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	client, err := metadata.NewForConfig(rc)
+	client, err := build(rc)
 	if err != nil {
-		return nil, fmt.Errorf("creating the API metadata client: %w", err)
+		return none, fmt.Errorf("creating the %s: %w", what, err)
 	}
 	return client, nil
 }

@@ -116,159 +116,115 @@ var flagsHonouredWithConfig = []string{
 // AddFlags registers every flag upstream kube-proxy has on Linux, with upstream's names and
 // defaults.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	o.addActionFlags(fs)
-	o.addClientFlags(fs)
-	o.addNodeAndServerFlags(fs)
-	o.addIPTablesFlags(fs)
-	o.addIPVSFlags(fs)
-	o.addLocalTrafficFlags(fs)
-	o.addConntrackFlags(fs)
-	o.addDeprecatedPortFlags(fs)
+	addFlags(fs, o.flagDefs())
+	// The two flags whose default is not the current value of what they set.
+	fs.StringVar(&o.trafficCounters, "traffic-counters", string(model.TrafficCountersAnnotated),
+		"Which Services' new connections, packets and bytes the dataplane counts (sluice_service_*_total): 'annotated' (those annotated "+model.AnnotationTrafficCounters+": \"true\"), 'all' (all but those annotated \"false\") or 'off'. Applies with --config too.")
+	fs.StringVar(&o.clusterCIDR, "cluster-cidr", o.flagConfig.ClusterCIDR,
+		"The pods' CIDR, or an IPv4,IPv6 pair on dual-stack clusters. With --detect-local-mode=ClusterCIDR, traffic from it counts as local pod traffic. Ignored when --config is given.")
+	_ = fs.MarkHidden("backend")
+	_ = fs.MarkDeprecated("healthz-port", "use --healthz-bind-address instead; this flag will be removed.")
+	_ = fs.MarkDeprecated("metrics-port", "use --metrics-bind-address instead; this flag will be removed.")
 	logsapi.AddFlags(&o.flagConfig.Logging, fs)
 }
 
-// addActionFlags registers the flags that choose what sluice does (configuration file, cleanup, init only) and the feature gates.
-func (o *Options) addActionFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
-	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile,
-		"Read the configuration from this KubeProxyConfiguration file (YAML or JSON). The file replaces every configuration flag; only the logging flags, --hostname-override and --master still apply.")
-	fs.StringVar(&o.WriteConfigTo, "write-config-to", o.WriteConfigTo,
-		"Write the effective configuration (defaults included) to this file as KubeProxyConfiguration YAML, then exit.")
-	fs.StringVar(&o.Backend, "backend", o.Backend,
-		"Replace the mode's backend: \"recording\" programs nothing and serves the desired state on /debug/sluice/state (tests, dry runs).")
-	_ = fs.MarkHidden("backend")
-	fs.StringVar(&o.trafficCounters, "traffic-counters", string(model.TrafficCountersAnnotated),
-		"Which Services' new connections, packets and bytes the dataplane counts (sluice_service_*_total): 'annotated' (those annotated "+model.AnnotationTrafficCounters+": \"true\"), 'all' (all but those annotated \"false\") or 'off'. Applies with --config too.")
-	fs.BoolVar(&o.Cleanup, "cleanup", o.Cleanup,
-		"Remove the rules every proxy mode may have installed (iptables, ipvs, nftables), then exit.")
-	fs.BoolVar(&o.InitOnly, "init-only", o.InitOnly,
-		"Do only the setup that needs full root privileges (sysctls, kernel checks), then exit; sluice can then run with just CAP_NET_ADMIN.")
-
-	fs.Var(cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates",
-		"Comma-separated Gate=true|false pairs that turn features on or off. Ignored when --config is given. Known gates:\n"+
-			featureGatesHelp())
+// flagDef is a flag whose default is the current value of its target: the configuration
+// flags write into flagConfig, which starts out defaulted, and the others into Options
+// fields that NewOptions sets to upstream's defaults.
+type flagDef struct {
+	// target is a *string, *bool, *int32, *float32, *time.Duration, *[]string or a
+	// pflag.Value.
+	target      any
+	name, usage string
 }
 
-// addClientFlags registers the API server connection.
-func (o *Options) addClientFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
-	fs.StringVar(&c.ClientConnection.Kubeconfig, "kubeconfig", c.ClientConnection.Kubeconfig,
-		"Path to a kubeconfig file with the API server's address and credentials. Without it (and without --master) the in-cluster service account is used.")
-	fs.StringVar(&o.Master, "master", o.Master,
-		"URL of the Kubernetes API server; takes precedence over the server in the kubeconfig.")
-	fs.StringVar(&c.ClientConnection.ContentType, "kube-api-content-type", c.ClientConnection.ContentType,
-		"Content type sluice asks the API server to use for its requests.")
-	fs.Int32Var(&c.ClientConnection.Burst, "kube-api-burst", c.ClientConnection.Burst,
-		"Number of API requests allowed in a burst above --kube-api-qps.")
-	fs.Float32Var(&c.ClientConnection.QPS, "kube-api-qps", c.ClientConnection.QPS,
-		"Sustained number of API requests per second.")
+// addFlags registers flags in fs.
+func addFlags(fs *pflag.FlagSet, flags []flagDef) {
+	for _, f := range flags {
+		switch t := f.target.(type) {
+		case *string:
+			fs.StringVar(t, f.name, *t, f.usage)
+		case *bool:
+			fs.BoolVar(t, f.name, *t, f.usage)
+		case *int32:
+			fs.Int32Var(t, f.name, *t, f.usage)
+		case *float32:
+			fs.Float32Var(t, f.name, *t, f.usage)
+		case *time.Duration:
+			fs.DurationVar(t, f.name, *t, f.usage)
+		case *[]string:
+			fs.StringSliceVar(t, f.name, *t, f.usage)
+		case pflag.Value:
+			fs.Var(t, f.name, f.usage)
+		default:
+			panic(fmt.Sprintf("flag --%s: no flag type for a %T", f.name, f.target))
+		}
+	}
 }
 
-// addNodeAndServerFlags registers the node, the health and metrics servers, the mode and the caches' resync.
-func (o *Options) addNodeAndServerFlags(fs *pflag.FlagSet) {
+// flagDefs are the flags registered from a table, grouped by what they configure.
+func (o *Options) flagDefs() []flagDef {
 	c := o.flagConfig
-	fs.StringVar(&o.hostnameOverride, "hostname-override", o.hostnameOverride,
-		"Name of the Node object sluice runs for. Empty means the machine's hostname. Takes precedence over hostnameOverride in --config.")
-	fs.Var(&ipValue{target: &c.BindAddress}, "bind-address",
-		"Overrides which IP sluice treats as this node's primary IP (no socket is bound to it; the name is historical). 0.0.0.0 or :: means: take the Node object's IPs. Ignored when --config is given.")
-	fs.Var(&ipPortValue{target: &c.HealthzBindAddress}, "healthz-bind-address",
-		"IP and port (IP alone takes port 10256) of the health check server. Only --healthz-port=0 turns the server off (an empty address means the default). Ignored when --config is given.")
-	fs.Var(&ipPortValue{target: &c.MetricsBindAddress}, "metrics-bind-address",
-		"IP and port (IP alone takes port 10249) of the metrics server. Use 0.0.0.0:10249 or [::]:10249 to serve on every interface. Ignored when --config is given.")
-	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail,
-		"Exit when the health check or metrics server cannot bind its port, instead of retrying.")
-	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling,
-		"Serve Go profiles under /debug/pprof on the metrics server. Ignored when --config is given.")
-	fs.StringVar(&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", c.ShowHiddenMetricsForVersion,
-		"Expose again the metrics hidden in the previous minor release (the only accepted value, as <major>.<minor>), to give time to migrate before they are removed. Ignored when --config is given.")
-	fs.StringVar((*string)(&c.Mode), "proxy-mode", string(c.Mode),
-		"Backend that programs the kernel: 'iptables' (the default when unset), 'nftables' or 'ipvs' (deprecated). Ignored when --config is given.")
-	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration,
-		"How often the Service, EndpointSlice and Node caches are refreshed from the API server; must be above 0.")
-}
-
-// addIPTablesFlags registers iptables mode (and the sync periods of every mode but ipvs).
-func (o *Options) addIPTablesFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
-	fs.Int32Var(c.IPTables.MasqueradeBit, "iptables-masquerade-bit", *c.IPTables.MasqueradeBit,
-		"Bit of the packet mark (0-31) that asks for SNAT in iptables and ipvs modes. nftables mode uses nftables.masqueradeBit from --config.")
-	fs.BoolVar(&o.masqueradeAll, "masquerade-all", o.masqueradeAll,
-		"SNAT every packet sent to a Service cluster IP. Some CNI plugins need this.")
-	fs.BoolVar(c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *c.IPTables.LocalhostNodePorts,
-		"Answer NodePorts on 127.0.0.1 (iptables mode, IPv4 only). Set to false to turn this legacy behaviour off.")
-	fs.DurationVar(&o.iptablesSyncPeriod, "iptables-sync-period", o.iptablesSyncPeriod,
-		"Interval (e.g. '5s', '1m') of the periodic resync and of retries after a failed sync; must be above 0. Applies to every mode except ipvs, nftables included.")
-	fs.DurationVar(&o.iptablesMinSyncPeriod, "iptables-min-sync-period", o.iptablesMinSyncPeriod,
-		"Least time between two rule syncs (e.g. '5s', '1m'); 0 syncs on every Service or EndpointSlice change. Applies to every mode except ipvs, nftables included.")
-}
-
-// addIPVSFlags registers ipvs mode.
-func (o *Options) addIPVSFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
-	fs.DurationVar(&o.ipvsSyncPeriod, "ipvs-sync-period", o.ipvsSyncPeriod,
-		"Interval (e.g. '5s', '1m') of the periodic resync in ipvs mode; must be above 0. Used only with --proxy-mode=ipvs.")
-	fs.DurationVar(&o.ipvsMinSyncPeriod, "ipvs-min-sync-period", o.ipvsMinSyncPeriod,
-		"Least time between two syncs in ipvs mode (e.g. '5s', '1m'); 0 syncs on every change. Used only with --proxy-mode=ipvs.")
-	fs.StringVar(&c.IPVS.Scheduler, "ipvs-scheduler", c.IPVS.Scheduler,
-		"IPVS scheduler in ipvs mode (empty means 'rr').")
-	fs.StringSliceVar(&c.IPVS.ExcludeCIDRs, "ipvs-exclude-cidrs", c.IPVS.ExcludeCIDRs,
-		"Comma-separated CIDRs whose IPVS virtual servers sluice must never delete when cleaning up.")
-	fs.BoolVar(&c.IPVS.StrictARP, "ipvs-strict-arp", c.IPVS.StrictARP,
-		"Set arp_ignore=1 and arp_announce=2 so the node does not answer ARP for addresses on kube-ipvs0.")
-	fs.DurationVar(&c.IPVS.TCPTimeout.Duration, "ipvs-tcp-timeout", c.IPVS.TCPTimeout.Duration,
-		"Idle timeout of IPVS TCP connections (e.g. '5s', '1m'); 0 keeps the kernel's value.")
-	fs.DurationVar(&c.IPVS.TCPFinTimeout.Duration, "ipvs-tcpfin-timeout", c.IPVS.TCPFinTimeout.Duration,
-		"Timeout of IPVS TCP connections after a FIN (e.g. '5s', '1m'); 0 keeps the kernel's value.")
-	fs.DurationVar(&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", c.IPVS.UDPTimeout.Duration,
-		"Timeout of IPVS UDP flows (e.g. '5s', '1m'); 0 keeps the kernel's value.")
-}
-
-// addLocalTrafficFlags registers local traffic detection, NodePort addresses and the OOM score.
-func (o *Options) addLocalTrafficFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
-	fs.StringVar((*string)(&c.DetectLocalMode), "detect-local-mode", string(c.DetectLocalMode),
-		"How to tell traffic from local pods: ClusterCIDR (default), NodeCIDR, BridgeInterface or InterfaceNamePrefix. Ignored when --config is given.")
-	fs.StringVar(&c.DetectLocal.BridgeInterface, "pod-bridge-interface", c.DetectLocal.BridgeInterface,
-		"With --detect-local-mode=BridgeInterface: traffic arriving from this bridge is local pod traffic.")
-	fs.StringVar(&c.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", c.DetectLocal.InterfaceNamePrefix,
-		"With --detect-local-mode=InterfaceNamePrefix: traffic arriving from an interface whose name starts with this prefix is local pod traffic.")
-	fs.StringVar(&o.clusterCIDR, "cluster-cidr", c.ClusterCIDR,
-		"The pods' CIDR, or an IPv4,IPv6 pair on dual-stack clusters. With --detect-local-mode=ClusterCIDR, traffic from it counts as local pod traffic. Ignored when --config is given.")
-	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", c.NodePortAddresses,
-		"Comma-separated CIDRs and keywords selecting the node addresses NodePorts answer on: 'primary' (the Node's primary IPv4 and/or IPv6), 'localhost' (127.0.0.0/8, ::1/128), 'all'. "+
-			"Unset means 'all' in iptables and ipvs modes and 'primary' in nftables mode. Loopback NodePorts work only in iptables mode (IPv4, see --iptables-localhost-nodeports) "+
-			"and, for TCP, in nftables mode with the KubeProxyNFTablesLocalhostNodePorts gate and an explicit loopback entry. Ignored when --config is given.")
-	fs.Int32Var(c.OOMScoreAdj, "oom-score-adj", *c.OOMScoreAdj,
-		"oom_score_adj of the sluice process, in [-1000, 1000]. Ignored when --config is given.")
-}
-
-// addConntrackFlags registers the conntrack sysctls.
-func (o *Options) addConntrackFlags(fs *pflag.FlagSet) {
-	c := o.flagConfig
-	fs.Int32Var(c.Conntrack.MaxPerCore, "conntrack-max-per-core", *c.Conntrack.MaxPerCore,
-		"Conntrack entries to allow per CPU core (nf_conntrack_max = this times the CPUs, at least --conntrack-min); 0 leaves nf_conntrack_max alone and ignores --conntrack-min.")
-	fs.Int32Var(c.Conntrack.Min, "conntrack-min", *c.Conntrack.Min,
-		"Lower bound of nf_conntrack_max, whatever --conntrack-max-per-core gives.")
-	fs.DurationVar(&c.Conntrack.TCPEstablishedTimeout.Duration, "conntrack-tcp-timeout-established", c.Conntrack.TCPEstablishedTimeout.Duration,
-		"Conntrack idle timeout of established TCP connections; 0 keeps the kernel's value.")
-	fs.DurationVar(&c.Conntrack.TCPCloseWaitTimeout.Duration, "conntrack-tcp-timeout-close-wait", c.Conntrack.TCPCloseWaitTimeout.Duration,
-		"Conntrack timeout of TCP connections in CLOSE_WAIT.")
-	fs.BoolVar(&c.Conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", c.Conntrack.TCPBeLiberal,
-		"Set nf_conntrack_tcp_be_liberal=1, so out-of-window TCP packets are not marked INVALID.")
-	fs.DurationVar(&c.Conntrack.UDPTimeout.Duration, "conntrack-udp-timeout", c.Conntrack.UDPTimeout.Duration,
-		"Conntrack idle timeout of UDP flows that have seen no reply; 0 keeps the kernel's value.")
-	fs.DurationVar(&c.Conntrack.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", c.Conntrack.UDPStreamTimeout.Duration,
-		"Conntrack idle timeout of UDP flows that have seen replies (ASSURED); 0 keeps the kernel's value.")
-}
-
-// addDeprecatedPortFlags registers the deprecated port flags.
-func (o *Options) addDeprecatedPortFlags(fs *pflag.FlagSet) {
-	fs.Int32Var(&o.healthzPort, "healthz-port", o.healthzPort,
-		"Port of the health check server; 0 disables it.")
-	_ = fs.MarkDeprecated("healthz-port", "use --healthz-bind-address instead; this flag will be removed.")
-	fs.Int32Var(&o.metricsPort, "metrics-port", o.metricsPort,
-		"Port of the metrics server; 0 disables it.")
-	_ = fs.MarkDeprecated("metrics-port", "use --metrics-bind-address instead; this flag will be removed.")
+	return []flagDef{
+		// What sluice does (configuration file, cleanup, init only) and the feature gates.
+		{&o.ConfigFile, "config", "Read the configuration from this KubeProxyConfiguration file (YAML or JSON). The file replaces every configuration flag; only the logging flags, --hostname-override and --master still apply."},
+		{&o.WriteConfigTo, "write-config-to", "Write the effective configuration (defaults included) to this file as KubeProxyConfiguration YAML, then exit."},
+		{&o.Backend, "backend", "Replace the mode's backend: \"recording\" programs nothing and serves the desired state on /debug/sluice/state (tests, dry runs)."},
+		{&o.Cleanup, "cleanup", "Remove the rules every proxy mode may have installed (iptables, ipvs, nftables), then exit."},
+		{&o.InitOnly, "init-only", "Do only the setup that needs full root privileges (sysctls, kernel checks), then exit; sluice can then run with just CAP_NET_ADMIN."},
+		{cliflag.NewMapStringBool(&c.FeatureGates), "feature-gates", "Comma-separated Gate=true|false pairs that turn features on or off. Ignored when --config is given. Known gates:\n" +
+			featureGatesHelp()},
+		// The API server connection.
+		{&c.ClientConnection.Kubeconfig, "kubeconfig", "Path to a kubeconfig file with the API server's address and credentials. Without it (and without --master) the in-cluster service account is used."},
+		{&o.Master, "master", "URL of the Kubernetes API server; takes precedence over the server in the kubeconfig."},
+		{&c.ClientConnection.ContentType, "kube-api-content-type", "Content type sluice asks the API server to use for its requests."},
+		{&c.ClientConnection.Burst, "kube-api-burst", "Number of API requests allowed in a burst above --kube-api-qps."},
+		{&c.ClientConnection.QPS, "kube-api-qps", "Sustained number of API requests per second."},
+		// The node, the health and metrics servers, the mode and the caches' resync.
+		{&o.hostnameOverride, "hostname-override", "Name of the Node object sluice runs for. Empty means the machine's hostname. Takes precedence over hostnameOverride in --config."},
+		{ipValue(&c.BindAddress), "bind-address", "Overrides which IP sluice treats as this node's primary IP (no socket is bound to it; the name is historical). 0.0.0.0 or :: means: take the Node object's IPs. Ignored when --config is given."},
+		{ipPortValue(&c.HealthzBindAddress), "healthz-bind-address", "IP and port (IP alone takes port 10256) of the health check server. Only --healthz-port=0 turns the server off (an empty address means the default). Ignored when --config is given."},
+		{ipPortValue(&c.MetricsBindAddress), "metrics-bind-address", "IP and port (IP alone takes port 10249) of the metrics server. Use 0.0.0.0:10249 or [::]:10249 to serve on every interface. Ignored when --config is given."},
+		{&c.BindAddressHardFail, "bind-address-hard-fail", "Exit when the health check or metrics server cannot bind its port, instead of retrying."},
+		{&c.EnableProfiling, "profiling", "Serve Go profiles under /debug/pprof on the metrics server. Ignored when --config is given."},
+		{&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", "Expose again the metrics hidden in the previous minor release (the only accepted value, as <major>.<minor>), to give time to migrate before they are removed. Ignored when --config is given."},
+		{(*string)(&c.Mode), "proxy-mode", "Backend that programs the kernel: 'iptables' (the default when unset), 'nftables' or 'ipvs' (deprecated). Ignored when --config is given."},
+		{&c.ConfigSyncPeriod.Duration, "config-sync-period", "How often the Service, EndpointSlice and Node caches are refreshed from the API server; must be above 0."},
+		// iptables mode (and the sync periods of every mode but ipvs).
+		{c.IPTables.MasqueradeBit, "iptables-masquerade-bit", "Bit of the packet mark (0-31) that asks for SNAT in iptables and ipvs modes. nftables mode uses nftables.masqueradeBit from --config."},
+		{&o.masqueradeAll, "masquerade-all", "SNAT every packet sent to a Service cluster IP. Some CNI plugins need this."},
+		{c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", "Answer NodePorts on 127.0.0.1 (iptables mode, IPv4 only). Set to false to turn this legacy behaviour off."},
+		{&o.iptablesSyncPeriod, "iptables-sync-period", "Interval (e.g. '5s', '1m') of the periodic resync and of retries after a failed sync; must be above 0. Applies to every mode except ipvs, nftables included."},
+		{&o.iptablesMinSyncPeriod, "iptables-min-sync-period", "Least time between two rule syncs (e.g. '5s', '1m'); 0 syncs on every Service or EndpointSlice change. Applies to every mode except ipvs, nftables included."},
+		// ipvs mode.
+		{&o.ipvsSyncPeriod, "ipvs-sync-period", "Interval (e.g. '5s', '1m') of the periodic resync in ipvs mode; must be above 0. Used only with --proxy-mode=ipvs."},
+		{&o.ipvsMinSyncPeriod, "ipvs-min-sync-period", "Least time between two syncs in ipvs mode (e.g. '5s', '1m'); 0 syncs on every change. Used only with --proxy-mode=ipvs."},
+		{&c.IPVS.Scheduler, "ipvs-scheduler", "IPVS scheduler in ipvs mode (empty means 'rr')."},
+		{&c.IPVS.ExcludeCIDRs, "ipvs-exclude-cidrs", "Comma-separated CIDRs whose IPVS virtual servers sluice must never delete when cleaning up."},
+		{&c.IPVS.StrictARP, "ipvs-strict-arp", "Set arp_ignore=1 and arp_announce=2 so the node does not answer ARP for addresses on kube-ipvs0."},
+		{&c.IPVS.TCPTimeout.Duration, "ipvs-tcp-timeout", "Idle timeout of IPVS TCP connections (e.g. '5s', '1m'); 0 keeps the kernel's value."},
+		{&c.IPVS.TCPFinTimeout.Duration, "ipvs-tcpfin-timeout", "Timeout of IPVS TCP connections after a FIN (e.g. '5s', '1m'); 0 keeps the kernel's value."},
+		{&c.IPVS.UDPTimeout.Duration, "ipvs-udp-timeout", "Timeout of IPVS UDP flows (e.g. '5s', '1m'); 0 keeps the kernel's value."},
+		// Local traffic detection, NodePort addresses and the OOM score.
+		{(*string)(&c.DetectLocalMode), "detect-local-mode", "How to tell traffic from local pods: ClusterCIDR (default), NodeCIDR, BridgeInterface or InterfaceNamePrefix. Ignored when --config is given."},
+		{&c.DetectLocal.BridgeInterface, "pod-bridge-interface", "With --detect-local-mode=BridgeInterface: traffic arriving from this bridge is local pod traffic."},
+		{&c.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", "With --detect-local-mode=InterfaceNamePrefix: traffic arriving from an interface whose name starts with this prefix is local pod traffic."},
+		{&c.NodePortAddresses, "nodeport-addresses", "Comma-separated CIDRs and keywords selecting the node addresses NodePorts answer on: 'primary' (the Node's primary IPv4 and/or IPv6), 'localhost' (127.0.0.0/8, ::1/128), 'all'. " +
+			"Unset means 'all' in iptables and ipvs modes and 'primary' in nftables mode. Loopback NodePorts work only in iptables mode (IPv4, see --iptables-localhost-nodeports) " +
+			"and, for TCP, in nftables mode with the KubeProxyNFTablesLocalhostNodePorts gate and an explicit loopback entry. Ignored when --config is given."},
+		{c.OOMScoreAdj, "oom-score-adj", "oom_score_adj of the sluice process, in [-1000, 1000]. Ignored when --config is given."},
+		// The conntrack sysctls.
+		{c.Conntrack.MaxPerCore, "conntrack-max-per-core", "Conntrack entries to allow per CPU core (nf_conntrack_max = this times the CPUs, at least --conntrack-min); 0 leaves nf_conntrack_max alone and ignores --conntrack-min."},
+		{c.Conntrack.Min, "conntrack-min", "Lower bound of nf_conntrack_max, whatever --conntrack-max-per-core gives."},
+		{&c.Conntrack.TCPEstablishedTimeout.Duration, "conntrack-tcp-timeout-established", "Conntrack idle timeout of established TCP connections; 0 keeps the kernel's value."},
+		{&c.Conntrack.TCPCloseWaitTimeout.Duration, "conntrack-tcp-timeout-close-wait", "Conntrack timeout of TCP connections in CLOSE_WAIT."},
+		{&c.Conntrack.TCPBeLiberal, "conntrack-tcp-be-liberal", "Set nf_conntrack_tcp_be_liberal=1, so out-of-window TCP packets are not marked INVALID."},
+		{&c.Conntrack.UDPTimeout.Duration, "conntrack-udp-timeout", "Conntrack idle timeout of UDP flows that have seen no reply; 0 keeps the kernel's value."},
+		{&c.Conntrack.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", "Conntrack idle timeout of UDP flows that have seen replies (ASSURED); 0 keeps the kernel's value."},
+		// The deprecated port flags.
+		{&o.healthzPort, "healthz-port", "Port of the health check server; 0 disables it."},
+		{&o.metricsPort, "metrics-port", "Port of the metrics server; 0 disables it."},
+	}
 }
 
 // ValidationError is a configuration that failed validation. Errors names every invalid
@@ -487,62 +443,65 @@ func resolveNodeName(hostnameOverride string, osHostname func() (string, error))
 	return name, nil
 }
 
-// ipValue is a flag holding an IP address as text; it rejects anything else.
-type ipValue struct{ target *string }
+// addressValue is a flag holding an address as text; check rejects what is not one.
+type addressValue struct {
+	target *string
+	typ    string
+	check  func(string) error
+}
 
-func (v *ipValue) String() string {
+func (v *addressValue) String() string {
 	if v.target == nil {
 		return ""
 	}
 	return *v.target
 }
 
-// Set keeps the current value for "" (as upstream, which cannot clear these flags).
-func (v *ipValue) Set(s string) error {
+// Set keeps the current value for "" (as upstream, which cannot clear these flags:
+// --healthz-bind-address="" does not disable the health server, --healthz-port=0 does).
+func (v *addressValue) Set(s string) error {
 	if s == "" {
 		return nil
 	}
-	if netutils.ParseIPSloppy(s) == nil {
-		return fmt.Errorf("%q is not an IP address", s)
+	if err := v.check(s); err != nil {
+		return err
 	}
 	*v.target = s
 	return nil
 }
 
-func (v *ipValue) Type() string { return "ip" }
+func (v *addressValue) Type() string { return v.typ }
 
-// ipPortValue is a flag holding "IP" or "IP:port" as text; it rejects anything else.
-type ipPortValue struct{ target *string }
-
-func (v *ipPortValue) String() string {
-	if v.target == nil {
-		return ""
-	}
-	return *v.target
+// ipValue is a flag holding an IP address as text.
+func ipValue(target *string) *addressValue {
+	return &addressValue{target: target, typ: "ip", check: checkIP}
 }
 
-// Set keeps the current value for "": as upstream, --healthz-bind-address="" does not
-// disable the health server (--healthz-port=0 does).
-func (v *ipPortValue) Set(s string) error {
-	if s == "" {
-		return nil
+// ipPortValue is a flag holding "IP" or "IP:port" as text.
+func ipPortValue(target *string) *addressValue {
+	return &addressValue{target: target, typ: "ipport", check: checkIPPort}
+}
+
+func checkIP(s string) error {
+	if netutils.ParseIPSloppy(s) == nil {
+		return fmt.Errorf("%q is not an IP address", s)
 	}
+	return nil
+}
+
+func checkIPPort(s string) error {
 	if netutils.ParseIPSloppy(s) != nil {
-		*v.target = s
 		return nil
 	}
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		return fmt.Errorf("%q is neither IP nor IP:port: %w", s, err)
 	}
-	if netutils.ParseIPSloppy(host) == nil {
-		return fmt.Errorf("%q is not an IP address", host)
+	if err := checkIP(host); err != nil {
+		return err
 	}
 	if _, err := netutils.ParsePort(port, true); err != nil {
 		return fmt.Errorf("%q is not a port number", port)
 	}
-	*v.target = s
 	return nil
 }
-
-func (v *ipPortValue) Type() string { return "ipport" }

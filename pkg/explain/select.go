@@ -194,8 +194,8 @@ func conditionDecision(e *model.EndpointView, fallback bool, readyCount int, whe
 // topologyOf chooses the hint-based filtering as the model does (only ready endpoints
 // count) and says why in words.
 func topologyOf(all []model.EndpointView, node model.NodeView) (model.TopologyMode, string) {
-	var ready, withNodeHints, withZoneHints, forNode, forZone int
-	var firstWithoutNode, firstWithoutZone string
+	var ready int
+	var nodeHints, zoneHints hintTally
 	anyHints := false
 	for i := range all {
 		e := &all[i]
@@ -206,22 +206,8 @@ func topologyOf(all []model.EndpointView, node model.NodeView) (model.TopologyMo
 			continue
 		}
 		ready++
-		if len(e.NodeHints) > 0 {
-			withNodeHints++
-			if node.Name != "" && slices.Contains(e.NodeHints, node.Name) {
-				forNode++
-			}
-		} else if firstWithoutNode == "" {
-			firstWithoutNode = addrPort(e)
-		}
-		if len(e.ZoneHints) > 0 {
-			withZoneHints++
-			if node.Zone != "" && slices.Contains(e.ZoneHints, node.Zone) {
-				forZone++
-			}
-		} else if firstWithoutZone == "" {
-			firstWithoutZone = addrPort(e)
-		}
+		nodeHints.add(e, e.NodeHints, node.Name)
+		zoneHints.add(e, e.ZoneHints, node.Zone)
 	}
 	switch {
 	case ready == 0:
@@ -229,38 +215,61 @@ func topologyOf(all []model.EndpointView, node model.NodeView) (model.TopologyMo
 			return model.TopologyNone, "hints ignored: no endpoint is ready (topology narrows ready endpoints only)"
 		}
 		return model.TopologyNone, ""
-	case withNodeHints == ready && forNode > 0:
-		return model.TopologyPreferSameNode, fmt.Sprintf("PreferSameNode: every ready endpoint has node hints and %d %s for this node %s", forNode, isAre(forNode), node.Name)
-	case withZoneHints == ready && forZone > 0:
-		return model.TopologyPreferSameZone, fmt.Sprintf("PreferSameZone: every ready endpoint has zone hints and %d %s for this node's zone %s", forZone, isAre(forZone), node.Zone)
+	case nodeHints.with == ready && nodeHints.forThis > 0:
+		return model.TopologyPreferSameNode, fmt.Sprintf("PreferSameNode: every ready endpoint has node hints and %d %s for this node %s", nodeHints.forThis, isAre(nodeHints.forThis), node.Name)
+	case zoneHints.with == ready && zoneHints.forThis > 0:
+		return model.TopologyPreferSameZone, fmt.Sprintf("PreferSameZone: every ready endpoint has zone hints and %d %s for this node's zone %s", zoneHints.forThis, isAre(zoneHints.forThis), node.Zone)
 	case !anyHints:
 		return model.TopologyNone, ""
 	}
 	var why []string
-	if withNodeHints > 0 {
-		switch {
-		case withNodeHints < ready:
-			why = append(why, "node hints ignored: ready endpoint "+firstWithoutNode+" has none")
-		case node.Name == "":
-			why = append(why, "node hints ignored: this node's name is unknown")
-		default:
-			why = append(why, "node hints ignored: none is for this node "+node.Name)
-		}
+	if w := nodeHints.ignored(ready, "node", node.Name, "this node's name is unknown", "this node"); w != "" {
+		why = append(why, w)
 	}
-	if withZoneHints > 0 {
-		switch {
-		case withZoneHints < ready:
-			why = append(why, "zone hints ignored: ready endpoint "+firstWithoutZone+" has none")
-		case node.Zone == "":
-			why = append(why, "zone hints ignored: this node has no topology.kubernetes.io/zone label")
-		default:
-			why = append(why, "zone hints ignored: none is for this node's zone "+node.Zone)
-		}
+	if w := zoneHints.ignored(ready, "zone", node.Zone, "this node has no topology.kubernetes.io/zone label", "this node's zone"); w != "" {
+		why = append(why, w)
 	}
 	if len(why) == 0 {
 		why = append(why, "hints only on endpoints that are not ready")
 	}
 	return model.TopologyNone, strings.Join(why, "; ")
+}
+
+// hintTally counts the ready endpoints' hints of one kind (node or zone) against this
+// node's value of that kind (its name or its zone).
+type hintTally struct {
+	// with counts the endpoints with hints of the kind, forThis those hinted for this
+	// node's value.
+	with, forThis int
+	// firstWithout is the first endpoint without hints of the kind.
+	firstWithout string
+}
+
+func (t *hintTally) add(e *model.EndpointView, hints []string, this string) {
+	if len(hints) == 0 {
+		if t.firstWithout == "" {
+			t.firstWithout = addrPort(e)
+		}
+		return
+	}
+	t.with++
+	if this != "" && slices.Contains(hints, this) {
+		t.forThis++
+	}
+}
+
+// ignored says why the hints of kind were not used, "" when no ready endpoint has any.
+// unknown says that this node has no value of the kind; thisName names it.
+func (t *hintTally) ignored(ready int, kind, this, unknown, thisName string) string {
+	switch {
+	case t.with == 0:
+		return ""
+	case t.with < ready:
+		return kind + " hints ignored: ready endpoint " + t.firstWithout + " has none"
+	case this == "":
+		return kind + " hints ignored: " + unknown
+	}
+	return kind + " hints ignored: none is for " + thisName + " " + this
 }
 
 func allowedByTopology(e *model.EndpointView, mode model.TopologyMode, node model.NodeView) bool {

@@ -51,15 +51,12 @@ func endpointsEqual(a, b []Endpoint) bool {
 }
 
 // Equal reports whether e and o are the same endpoint with the same conditions and hints.
+// Every field but Hints is comparable, so one comparison covers them (and any added
+// later); the hints are compared by value.
 func (e *Endpoint) Equal(o *Endpoint) bool {
-	return e.IP == o.IP &&
-		e.Port == o.Port &&
-		e.Ready == o.Ready &&
-		e.Serving == o.Serving &&
-		e.Terminating == o.Terminating &&
-		e.NodeName == o.NodeName &&
-		e.Zone == o.Zone &&
-		e.IsLocal == o.IsLocal &&
+	a, b := *e, *o
+	a.Hints, b.Hints = nil, nil
+	return a == b &&
 		slices.Equal(e.ZoneHints(), o.ZoneHints()) &&
 		slices.Equal(e.NodeHints(), o.NodeHints())
 }

@@ -294,14 +294,7 @@ func externalIPsOf(svc *v1.Service, family IPFamily, problems *problemList) []ne
 		if strings.TrimSpace(s) == "" {
 			continue
 		}
-		addr, err := parseIP(s)
-		if err != nil {
-			problems.add("Service", fmt.Sprintf("spec.externalIPs[%d]", i), "%v; ignored", err)
-			continue
-		}
-		if FamilyOf(addr) == family {
-			out = append(out, addr)
-		}
+		out = appendAddr(out, s, path{"spec.externalIPs", i}.at(""), family, problems)
 	}
 	return sortedAddrs(out)
 }
@@ -323,16 +316,23 @@ func loadBalancerVIPsOf(svc *v1.Service, family IPFamily, problems *problemList)
 			}
 			continue
 		}
-		addr, err := parseIP(ing.IP)
-		if err != nil {
-			problems.add("Service", field.at(".ip"), "%v; ignored", err)
-			continue
-		}
-		if FamilyOf(addr) == family {
-			out = append(out, addr)
-		}
+		out = appendAddr(out, ing.IP, field.at(".ip"), family, problems)
 	}
 	return sortedAddrs(out)
+}
+
+// appendAddr appends the address s to out when it is of family. A bad address is a
+// problem of the Service at field, and ignored.
+func appendAddr(out []netip.Addr, s, field string, family IPFamily, problems *problemList) []netip.Addr {
+	addr, err := parseIP(s)
+	if err != nil {
+		problems.add("Service", field, "%v; ignored", err)
+		return out
+	}
+	if FamilyOf(addr) == family {
+		out = append(out, addr)
+	}
+	return out
 }
 
 // sourceRangesOf returns spec.loadBalancerSourceRanges of family, trimmed, parsed, sorted

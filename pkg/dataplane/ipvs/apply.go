@@ -165,26 +165,17 @@ func (b *Backend) runLinkOp(o op) error {
 	var err error
 	switch o.kind {
 	case opCreateLink:
-		err = b.links.CreateDummy(dummyDevice)
-		if errors.Is(err, errExist) {
-			err = nil
-		}
+		err = ignore(b.links.CreateDummy(dummyDevice), errExist)
 		if err == nil {
 			v.linkExists = true
 		}
 	case opBindAddr:
-		err = b.links.AddAddr(dummyDevice, o.addr)
-		if errors.Is(err, errExist) {
-			err = nil
-		}
+		err = ignore(b.links.AddAddr(dummyDevice, o.addr), errExist)
 		if err == nil {
 			v.bound[o.addr] = true
 		}
 	case opUnbindAddr:
-		err = b.links.DelAddr(dummyDevice, o.addr)
-		if errors.Is(err, errNotExist) {
-			err = nil
-		}
+		err = ignore(b.links.DelAddr(dummyDevice, o.addr), errNotExist)
 		if err == nil {
 			delete(v.bound, o.addr)
 		}
@@ -198,29 +189,20 @@ func (b *Backend) runServiceOp(o op) error {
 	var err error
 	switch o.kind {
 	case opAddVS:
-		err = b.ipvs.AddService(o.vs, o.params)
-		if errors.Is(err, errExist) {
-			err = b.ipvs.UpdateService(o.vs, o.params)
-		}
+		err = orElse(b.ipvs.AddService(o.vs, o.params), errExist, func() error { return b.ipvs.UpdateService(o.vs, o.params) })
 		err = schedulerError(err, o.params.Scheduler)
 		if err == nil {
 			v.services[o.vs] = o.params
 			v.dests[o.vs] = nil
 		}
 	case opUpdateVS:
-		err = b.ipvs.UpdateService(o.vs, o.params)
-		if errors.Is(err, errNotExist) {
-			err = b.ipvs.AddService(o.vs, o.params)
-		}
+		err = orElse(b.ipvs.UpdateService(o.vs, o.params), errNotExist, func() error { return b.ipvs.AddService(o.vs, o.params) })
 		err = schedulerError(err, o.params.Scheduler)
 		if err == nil {
 			v.services[o.vs] = o.params
 		}
 	case opDeleteVS:
-		err = b.ipvs.DeleteService(o.vs)
-		if errors.Is(err, errNotExist) {
-			err = nil
-		}
+		err = ignore(b.ipvs.DeleteService(o.vs), errNotExist)
 		if err == nil {
 			delete(v.services, o.vs)
 			delete(v.dests, o.vs)
@@ -236,10 +218,7 @@ func (b *Backend) runDestinationOp(o op) error {
 	var err error
 	switch o.kind {
 	case opAddRS:
-		err = b.ipvs.AddDestination(o.vs, o.rs, o.weight)
-		if errors.Is(err, errExist) {
-			err = b.ipvs.UpdateDestination(o.vs, o.rs, o.weight)
-		}
+		err = orElse(b.ipvs.AddDestination(o.vs, o.rs, o.weight), errExist, func() error { return b.ipvs.UpdateDestination(o.vs, o.rs, o.weight) })
 		if err == nil {
 			v.setDest(o.vs, o.rs, o.weight)
 		}
@@ -256,10 +235,7 @@ func (b *Backend) runDestinationOp(o op) error {
 			v.setDest(o.vs, o.rs, o.weight)
 		}
 	case opDeleteRS:
-		err = b.ipvs.DeleteDestination(o.vs, o.rs)
-		if errors.Is(err, errNotExist) {
-			err = nil
-		}
+		err = ignore(b.ipvs.DeleteDestination(o.vs, o.rs), errNotExist)
 		if err == nil {
 			v.deleteDest(o.vs, o.rs)
 		}
@@ -275,10 +251,7 @@ func (b *Backend) runSetOp(ctx context.Context, o op) error {
 	switch o.kind {
 	case opCreateSet:
 		t := ipsets[o.set].typ
-		err = b.sets.Create(ipsetName(o.set, family), t, family)
-		if errors.Is(err, errExist) {
-			err = nil
-		}
+		err = ignore(b.sets.Create(ipsetName(o.set, family), t, family), errExist)
 		if err == nil {
 			if _, ok := v.sets[o.set]; !ok {
 				v.sets[o.set] = &kernelSet{Type: t, Entries: map[setEntry]bool{}}
@@ -287,20 +260,14 @@ func (b *Backend) runSetOp(ctx context.Context, o op) error {
 	case opRecreateSet:
 		err = b.recreateSet(ctx, o.set)
 	case opAddEntry:
-		err = b.sets.Add(ipsetName(o.set, family), ipsets[o.set].typ, o.entry)
-		if errors.Is(err, errExist) {
-			err = nil
-		}
+		err = ignore(b.sets.Add(ipsetName(o.set, family), ipsets[o.set].typ, o.entry), errExist)
 		if err == nil {
 			if ks := v.sets[o.set]; ks != nil {
 				ks.Entries[o.entry] = true
 			}
 		}
 	case opDelEntry:
-		err = b.sets.Del(ipsetName(o.set, family), ipsets[o.set].typ, o.entry)
-		if errors.Is(err, errNotExist) {
-			err = nil
-		}
+		err = ignore(b.sets.Del(ipsetName(o.set, family), ipsets[o.set].typ, o.entry), errNotExist)
 		if err == nil {
 			if ks := v.sets[o.set]; ks != nil {
 				delete(ks.Entries, o.entry)
@@ -375,4 +342,23 @@ func (v *kernelView) deleteDest(vs vsKey, rs netip.AddrPort) {
 	if dests, read := v.dests[vs]; read {
 		v.dests[vs] = slices.DeleteFunc(dests, func(d realServer) bool { return d.Addr == rs })
 	}
+}
+
+// ignore is err, or nil when err is target: the kernel already is as the operation wants
+// (an add of what exists, a delete of what is gone).
+func ignore(err, target error) error {
+	if errors.Is(err, target) {
+		return nil
+	}
+	return err
+}
+
+// orElse is err, or what fallback returns when err is target: the kernel is not as the
+// view said (an add of what exists is retried as an update, an update of what is gone as
+// an add).
+func orElse(err, target error, fallback func() error) error {
+	if errors.Is(err, target) {
+		return fallback()
+	}
+	return err
 }

@@ -205,13 +205,8 @@ func (p *portBuild) clusterIP() {
 }
 
 func (p *portBuild) externalIPs() {
-	sp := p.sp
-	for _, ip := range sp.ExternalIPs {
-		if model.FamilyOf(ip) != p.env.family {
-			continue
-		}
-		e := setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port)}
-		if sp.ExternalPolicyLocal {
+	p.externalAddrs(p.sp.ExternalIPs, func(_ netip.Addr, e setEntry) {
+		if p.sp.ExternalPolicyLocal {
 			p.member(setExternalIPLocal, e)
 		} else {
 			p.member(setExternalIP, e)
@@ -219,28 +214,35 @@ func (p *portBuild) externalIPs() {
 		if p.noLocal {
 			p.member(setNoLocalEndpoints, e)
 		}
-		p.addVS(sp, ip, sp.Port, !p.env.localAddrs[ip], p.externalRS, p.params)
-	}
+	})
 }
 
 func (p *portBuild) loadBalancers() {
-	sp := p.sp
-	for _, ip := range sp.LoadBalancerVIPs {
-		if model.FamilyOf(ip) != p.env.family {
-			continue
-		}
-		e := setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port)}
+	p.externalAddrs(p.sp.LoadBalancerVIPs, func(ip netip.Addr, e setEntry) {
 		p.member(setLoadBalancer, e)
-		if sp.ExternalPolicyLocal {
+		if p.sp.ExternalPolicyLocal {
 			p.member(setLoadBalancerLocal, e)
 		}
 		if p.noLocal {
 			p.member(setNoLocalEndpoints, e)
 		}
-		if len(sp.LoadBalancerSourceRanges) > 0 {
+		if len(p.sp.LoadBalancerSourceRanges) > 0 {
 			p.member(setLoadBalancerFW, e)
 			p.sourceRanges(ip)
 		}
+	})
+}
+
+// externalAddrs programs every address of addrs in the port's family: sets puts the
+// address's entry in its ipsets (what tells an externalIP from a LoadBalancer VIP), then
+// the address gets its virtual server.
+func (p *portBuild) externalAddrs(addrs []netip.Addr, sets func(ip netip.Addr, e setEntry)) {
+	sp := p.sp
+	for _, ip := range addrs {
+		if model.FamilyOf(ip) != p.env.family {
+			continue
+		}
+		sets(ip, setEntry{IP: ip, Proto: p.proto, Port: uint16(sp.Port)})
 		p.addVS(sp, ip, sp.Port, !p.env.localAddrs[ip], p.externalRS, p.params)
 	}
 }

@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -133,16 +134,12 @@ func protoNumber(p model.Protocol) uint8 {
 	return n
 }
 
+// protoFromNumber reads the 16-bit protocol field of an IPVS virtual server.
 func protoFromNumber(n uint16) (model.Protocol, bool) {
-	switch n {
-	case unix.IPPROTO_TCP:
-		return model.TCP, true
-	case unix.IPPROTO_UDP:
-		return model.UDP, true
-	case unix.IPPROTO_SCTP:
-		return model.SCTP, true
+	if n > math.MaxUint8 {
+		return "", false
 	}
-	return "", false
+	return dataplane.ProtoFromNumber(uint8(n))
 }
 
 func protoName(n uint8) string {

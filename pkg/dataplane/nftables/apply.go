@@ -369,29 +369,28 @@ func faultOp(f *family, k faultKind, g *group) *op {
 	return nil
 }
 
-// describe names an op for error messages.
+// opVerbs say what each kind of op does, in error messages.
+var opVerbs = [...]string{
+	opAddTable:       "add table",
+	opDeleteTable:    "delete table",
+	opAddChain:       "add chain",
+	opFlushChain:     "flush chain",
+	opDeleteChain:    "delete chain",
+	opAddRule:        "add rule to chain",
+	opAddSet:         "add set",
+	opDeleteSet:      "delete set",
+	opAddElements:    "add elements to",
+	opDeleteElements: "delete elements from",
+}
+
+// describe names an op for error messages: its verb and the chain or set it changes (the
+// table is always kube-proxy's, so it is not named).
 func (o *op) describe() string {
-	switch o.kind {
-	case opAddTable:
-		return "add table"
-	case opDeleteTable:
-		return "delete table"
-	case opAddChain:
-		return "add chain " + o.name
-	case opFlushChain:
-		return "flush chain " + o.name
-	case opDeleteChain:
-		return "delete chain " + o.name
-	case opAddRule:
-		return "add rule to chain " + o.name
-	case opAddSet:
-		return "add set " + o.name
-	case opDeleteSet:
-		return "delete set " + o.name
-	case opAddElements:
-		return "add elements to " + o.name
-	case opDeleteElements:
-		return "delete elements from " + o.name
+	switch {
+	case int(o.kind) >= len(opVerbs):
+		return "op"
+	case o.kind == opAddTable || o.kind == opDeleteTable:
+		return opVerbs[o.kind]
 	}
-	return "op"
+	return opVerbs[o.kind] + " " + o.name
 }

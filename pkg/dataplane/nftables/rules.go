@@ -401,13 +401,7 @@ func (m markSetOr) render(_ *family, b *strings.Builder) {
 	b.WriteString("mark set mark or " + markString(m.mark))
 }
 
-func (m markSetOr) compile(_ *family, c *compiled) {
-	c.exprs = append(c.exprs,
-		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: binaryutil.NativeEndian.PutUint32(^m.mark), Xor: binaryutil.NativeEndian.PutUint32(m.mark)},
-		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
-}
+func (m markSetOr) compile(_ *family, c *compiled) { compileMarkSet(c, ^m.mark, m.mark) }
 
 // markSetXor is "mark set mark xor M": clear the masquerade bit we know is set.
 type markSetXor struct{ mark uint32 }
@@ -416,11 +410,15 @@ func (m markSetXor) render(_ *family, b *strings.Builder) {
 	b.WriteString("mark set mark xor " + markString(m.mark))
 }
 
-func (m markSetXor) compile(_ *family, c *compiled) {
+func (m markSetXor) compile(_ *family, c *compiled) { compileMarkSet(c, 0xffffffff, m.mark) }
+
+// compileMarkSet sets the packet mark to (mark & mask) ^ xor, which is how nft writes both
+// "mark set mark or M" (mask ^M, xor M) and "mark set mark xor M" (mask all ones, xor M).
+func compileMarkSet(c *compiled, mask, xor uint32) {
 	c.exprs = append(c.exprs,
 		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-			Mask: []byte{0xff, 0xff, 0xff, 0xff}, Xor: binaryutil.NativeEndian.PutUint32(m.mark)},
+			Mask: binaryutil.NativeEndian.PutUint32(mask), Xor: binaryutil.NativeEndian.PutUint32(xor)},
 		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
 }
 
