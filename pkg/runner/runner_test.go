@@ -67,17 +67,7 @@ func (h *harness) start() {
 	h.stop = cancel
 	h.done = make(chan error, 1)
 	go func() { h.done <- h.r.Loop(ctx) }()
-	h.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-h.done:
-			if err != nil {
-				h.t.Errorf("Loop returned %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			h.t.Errorf("Loop did not stop after its context was cancelled")
-		}
-	})
+	h.t.Cleanup(func() { stopLoop(h.t, cancel, h.done) })
 }
 
 // expectRun waits for the next call of fn and makes it return o.
@@ -116,6 +106,53 @@ func (h *harness) waitForTimers(n int) {
 	h.t.Fatalf("loop did not arm %d timers (has %d)", n, h.clock.Waiters())
 }
 
+// duringRun waits for the next call of fn, calls during while fn is still running, then
+// makes fn return o.
+func (h *harness) duringRun(during func(), o outcome) {
+	h.t.Helper()
+	select {
+	case reply := <-h.calls:
+		during()
+		reply <- o
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("fn was not called")
+	}
+}
+
+// waitOutMinInterval lets the MinInterval after a run pass: the loop then waits on one
+// timer, for a trigger.
+func (h *harness) waitOutMinInterval() {
+	h.t.Helper()
+	h.waitForTimers(2)
+	h.clock.Step(minI)
+	h.waitForTimers(1)
+}
+
+// expectRunAfter steps the fake clock by d in two steps: fn is not called 1 ms before
+// d has passed, and is called (and returns o) when it has.
+func (h *harness) expectRunAfter(d time.Duration, o outcome) {
+	h.t.Helper()
+	h.clock.Step(d - time.Millisecond)
+	h.expectNoRun()
+	h.clock.Step(time.Millisecond)
+	h.expectRun(o)
+}
+
+// stopLoop cancels the context of a loop started with done <- Loop(ctx) and checks that
+// it returns nil within 5 s.
+func stopLoop(t *testing.T, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Loop returned %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Loop did not return after cancel")
+	}
+}
+
 const (
 	minI   = 1 * time.Second
 	retryI = 10 * time.Second
@@ -133,9 +170,7 @@ func TestBurstBeforeLoopCollapsesIntoOneRun(t *testing.T) {
 	}
 	h.start()
 	h.expectRun(outcome{})
-	h.waitForTimers(2)
-	h.clock.Step(minI)
-	h.waitForTimers(1)
+	h.waitOutMinInterval()
 	h.expectNoRun()
 }
 
@@ -143,22 +178,16 @@ func TestBurstDuringRunCollapsesIntoOneRunAfterMinInterval(t *testing.T) {
 	h := newHarness(t, defaultConfig())
 	h.start()
 	h.r.Run()
-	select {
-	case reply := <-h.calls:
+	h.duringRun(func() {
 		for range 50 {
 			h.r.Run() // while fn is running
 		}
-		reply <- outcome{}
-	case <-time.After(5 * time.Second):
-		t.Fatal("fn was not called")
-	}
+	}, outcome{})
 	h.waitForTimers(2)
 	h.expectNoRun() // held back by MinInterval
 	h.clock.Step(minI)
 	h.expectRun(outcome{})
-	h.waitForTimers(2)
-	h.clock.Step(minI)
-	h.waitForTimers(1)
+	h.waitOutMinInterval()
 	h.expectNoRun()
 }
 
@@ -169,25 +198,18 @@ func TestMinIntervalSeparatesEndOfRunFromNextStart(t *testing.T) {
 	h.expectRun(outcome{})
 	h.waitForTimers(2)
 	h.r.Run()
-	h.clock.Step(minI - time.Millisecond)
-	h.expectNoRun()
-	h.clock.Step(time.Millisecond)
-	h.expectRun(outcome{})
+	h.expectRunAfter(minI, outcome{})
 }
 
 func TestMinIntervalCountsFromTheEndOfTheRun(t *testing.T) {
 	h := newHarness(t, defaultConfig())
 	h.start()
 	h.r.Run()
-	select {
-	case reply := <-h.calls:
+	h.duringRun(func() {
 		// The run itself takes longer than MinInterval.
 		h.clock.Step(5 * minI)
 		h.r.Run()
-		reply <- outcome{}
-	case <-time.After(5 * time.Second):
-		t.Fatal("fn was not called")
-	}
+	}, outcome{})
 	h.waitForTimers(2)
 	h.expectNoRun()
 	h.clock.Step(minI)
@@ -222,23 +244,13 @@ func TestRetryAfterFailure(t *testing.T) {
 			h.start()
 			h.r.Run()
 			h.expectRun(outcome{err: errors.New("boom")})
-			h.waitForTimers(2)
-			h.clock.Step(minI)
-			h.waitForTimers(1)
+			h.waitOutMinInterval()
 			// The retry timer started when the run ended, together with MinInterval.
-			h.clock.Step(tc.wantRetry - minI - time.Millisecond)
-			h.expectNoRun()
-			h.clock.Step(time.Millisecond)
-			h.expectRun(outcome{})
+			h.expectRunAfter(tc.wantRetry-minI, outcome{})
 
 			// After a success the next unrequested run is MaxInterval away again.
-			h.waitForTimers(2)
-			h.clock.Step(minI)
-			h.waitForTimers(1)
-			h.clock.Step(tc.max - minI - time.Millisecond)
-			h.expectNoRun()
-			h.clock.Step(time.Millisecond)
-			h.expectRun(outcome{})
+			h.waitOutMinInterval()
+			h.expectRunAfter(tc.max-minI, outcome{})
 		})
 	}
 }
@@ -258,13 +270,8 @@ func TestPeriodicRunAtMaxInterval(t *testing.T) {
 	h := newHarness(t, defaultConfig())
 	h.start()
 	h.waitForTimers(1)
-	h.clock.Step(maxI - time.Millisecond)
-	h.expectNoRun()
-	h.clock.Step(time.Millisecond)
-	h.expectRun(outcome{})
-	h.waitForTimers(2)
-	h.clock.Step(minI)
-	h.waitForTimers(1)
+	h.expectRunAfter(maxI, outcome{})
+	h.waitOutMinInterval()
 	h.clock.Step(maxI - minI)
 	h.expectRun(outcome{})
 }
@@ -316,10 +323,7 @@ func TestPanicIsRecoveredCountedAndRetried(t *testing.T) {
 	// A panic is a failure: the retry interval applies.
 	h.clock.Step(minI)
 	h.waitForTimers(1)
-	h.clock.Step(retryI - minI - time.Millisecond)
-	h.expectNoRun()
-	h.clock.Step(time.Millisecond)
-	h.expectRun(outcome{})
+	h.expectRunAfter(retryI-minI, outcome{})
 	if n := panicCalls.Load(); n != 1 {
 		t.Errorf("OnPanic called %d times, want 1", n)
 	}
@@ -355,15 +359,7 @@ func TestLoopStopsOnContextCancel(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { done <- h.r.Loop(ctx) }()
 			tc.setup(h)
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Loop returned %v, want nil", err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("Loop did not return after cancel")
-			}
+			stopLoop(t, cancel, done)
 			if h.r.looping.Load() {
 				t.Error("runner still marked as looping")
 			}
@@ -440,26 +436,15 @@ func TestRunAfterWakesTheLoopWithoutARequest(t *testing.T) {
 	h := newHarness(t, defaultConfig())
 	h.start()
 	h.r.Run()
-	select {
-	case reply := <-h.calls:
+	h.duringRun(func() {
 		h.r.RunAfter(3 * retryI) // from fn, as the sync loop schedules a Service's retry
 		h.r.RunAfter(5 * retryI) // a later time does not postpone the earlier one
-		reply <- outcome{}
-	case <-time.After(5 * time.Second):
-		t.Fatal("fn was not called")
-	}
-	h.waitForTimers(2)
-	h.clock.Step(minI)
-	h.waitForTimers(1)
-	h.clock.Step(3*retryI - minI - time.Millisecond)
-	h.expectNoRun()
-	h.clock.Step(time.Millisecond)
-	h.expectRun(outcome{})
+	}, outcome{})
+	h.waitOutMinInterval()
+	h.expectRunAfter(3*retryI-minI, outcome{})
 
 	// The run consumed the request: the next unrequested run is MaxInterval away.
-	h.waitForTimers(2)
-	h.clock.Step(minI)
-	h.waitForTimers(1)
+	h.waitOutMinInterval()
 	h.clock.Step(5 * retryI)
 	h.expectNoRun()
 	h.clock.Step(maxI - minI - 5*retryI)
@@ -473,23 +458,14 @@ func TestRunAfterFromAnotherGoroutineShortensTheWait(t *testing.T) {
 	h.r.RunAfter(retryI)
 	// Times are absolute: whether the loop re-arms its timer before or after the steps
 	// below, it runs fn when retryI has passed, and not before.
-	h.clock.Step(retryI - time.Millisecond)
-	h.expectNoRun()
-	h.clock.Step(time.Millisecond)
-	h.expectRun(outcome{})
+	h.expectRunAfter(retryI, outcome{})
 }
 
 func TestRunAfterRespectsMinInterval(t *testing.T) {
 	h := newHarness(t, defaultConfig())
 	h.start()
 	h.r.Run()
-	select {
-	case reply := <-h.calls:
-		h.r.RunAfter(0)
-		reply <- outcome{}
-	case <-time.After(5 * time.Second):
-		t.Fatal("fn was not called")
-	}
+	h.duringRun(func() { h.r.RunAfter(0) }, outcome{})
 	h.waitForTimers(2)
 	h.expectNoRun()
 	h.clock.Step(minI)
