@@ -106,56 +106,14 @@ func newTopology(t testing.TB) *kTopology {
 // serve answers TCP and UDP on port in ns with "<name> <source address>".
 func serve(t testing.TB, ns, name string, port int) {
 	t.Helper()
-	var ln net.Listener
-	var pc net.PacketConn
-	err := netnstest.Do(ns, func() error {
-		var err error
-		if ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", port))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("listening in %s: %v", ns, err)
-	}
-	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr().(*net.TCPAddr).IP)
-			_ = c.Close()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			_, addr, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s\n", name, addr.(*net.UDPAddr).IP)), addr)
-		}
-	}()
+	answer := func(peer netip.Addr) string { return fmt.Sprintf("%s %s\n", name, peer) }
+	netnstest.ServeTCP(t, ns, fmt.Sprintf(":%d", port), answer)
+	netnstest.ServeUDP(t, ns, fmt.Sprintf(":%d", port), answer)
 }
 
 // dial connects from ns ("" for the node itself) and returns the pod's answer.
 func dial(ns, network, addr string, timeout time.Duration) (string, error) {
-	var c net.Conn
-	connect := func() error {
-		var err error
-		c, err = (&net.Dialer{Timeout: timeout}).Dial(network, addr)
-		return err
-	}
-	var err error
-	if ns == "" {
-		err = connect()
-	} else {
-		err = netnstest.Do(ns, connect)
-	}
+	c, err := netnstest.Dial(ns, network, netip.Addr{}, addr, timeout)
 	if err != nil {
 		return "", err
 	}

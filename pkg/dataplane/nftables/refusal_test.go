@@ -40,12 +40,7 @@ func expectRefused(t *testing.T, what, ns, network string, dst netip.AddrPort) {
 		_, err = c.Read(make([]byte, 64))
 		return err
 	}
-	var err error
-	if ns == "" {
-		err = try()
-	} else {
-		err = netnstest.Do(ns, try)
-	}
+	err := netnstest.In(ns, try)
 	took := time.Since(start)
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("%s: %s %v from %q: got %v after %v, want connection refused", what, network, dst, ns, err, took.Round(time.Millisecond))

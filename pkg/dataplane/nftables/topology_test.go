@@ -143,45 +143,9 @@ func (tp *topology) addPod(name, ip string) *pod {
 
 // serve starts TCP and UDP servers in the pod answering "<pod> <peer address>".
 func (tp *topology) serve(p *pod, port int) {
-	t := tp.t
-	var ln net.Listener
-	var pc net.PacketConn
-	err := netnstest.Do(p.ns, func() error {
-		var err error
-		if ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port)); err != nil {
-			return err
-		}
-		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", port))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("serve in %s: %v", p.name, err)
-	}
-	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				peer := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
-				fmt.Fprintf(c, "%s %s\n", p.name, peer)
-			}()
-		}
-	}()
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			_, addr, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			peer := addr.(*net.UDPAddr).AddrPort().Addr().Unmap()
-			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s\n", p.name, peer)), addr)
-		}
-	}()
+	answer := func(peer netip.Addr) string { return fmt.Sprintf("%s %s\n", p.name, peer) }
+	netnstest.ServeTCP(tp.t, p.ns, fmt.Sprintf(":%d", port), answer)
+	netnstest.ServeUDP(tp.t, p.ns, fmt.Sprintf(":%d", port), answer)
 }
 
 // reply is what a server answered.
@@ -196,22 +160,7 @@ var errRejected = errors.New("rejected")
 // tcp connects from namespace ns ("" for the node itself) to dst, optionally from src,
 // and returns the server's answer, errRejected or errDropped.
 func (tp *topology) tcp(ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration) (reply, error) {
-	var c net.Conn
-	dial := func() error {
-		d := net.Dialer{Timeout: timeout}
-		if src.IsValid() {
-			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
-		}
-		var err error
-		c, err = d.Dial("tcp", dst.String())
-		return err
-	}
-	var err error
-	if ns == "" {
-		err = dial()
-	} else {
-		err = netnstest.Do(ns, dial)
-	}
+	c, err := netnstest.Dial(ns, "tcp", src, dst.String(), timeout)
 	if err != nil {
 		return reply{}, classify(err)
 	}
@@ -226,22 +175,7 @@ func (tp *topology) tcp(ns string, src netip.Addr, dst netip.AddrPort, timeout t
 
 // udp sends one datagram from ns to dst and waits for the answer.
 func (tp *topology) udp(ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration) (reply, error) {
-	var c net.Conn
-	dial := func() error {
-		d := net.Dialer{}
-		if src.IsValid() {
-			d.LocalAddr = &net.UDPAddr{IP: src.AsSlice()}
-		}
-		var err error
-		c, err = d.Dial("udp", dst.String())
-		return err
-	}
-	var err error
-	if ns == "" {
-		err = dial()
-	} else {
-		err = netnstest.Do(ns, dial)
-	}
+	c, err := netnstest.Dial(ns, "udp", src, dst.String(), timeout)
 	if err != nil {
 		return reply{}, classify(err)
 	}

@@ -1,0 +1,92 @@
+package netnstest
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// In runs fn in the named namespace (see Do), or directly when name is "": in the
+// process's own namespace, which under Main is the test's private node.
+func In(name string, fn func() error) error {
+	if name == "" {
+		return fn()
+	}
+	return Do(name, fn)
+}
+
+// Dial connects over network ("tcp" or "udp") from namespace ns ("" for the process's
+// own) to addr, from the source address src when it is valid. The connection's socket
+// stays in ns.
+func Dial(ns, network string, src netip.Addr, addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := In(ns, func() error {
+		d := net.Dialer{Timeout: timeout}
+		if src.IsValid() {
+			switch network {
+			case "udp", "udp4", "udp6":
+				d.LocalAddr = &net.UDPAddr{IP: src.AsSlice()}
+			default:
+				d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+			}
+		}
+		var err error
+		c, err = d.Dial(network, addr)
+		return err
+	})
+	return c, err
+}
+
+// ServeTCP listens on addr (":80") in namespace ns and answers every connection with
+// answer(peer address), then closes it. The listener closes when the test ends.
+func ServeTCP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string) {
+	t.Helper()
+	var ln net.Listener
+	if err := In(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listening on tcp %s in %s: %v", addr, ns, err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprint(c, answer(c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()))
+			}()
+		}
+	}()
+}
+
+// ServeUDP listens on addr (":53") in namespace ns and answers every datagram with
+// answer(peer address). The socket closes when the test ends.
+func ServeUDP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := In(ns, func() error {
+		var err error
+		pc, err = net.ListenPacket("udp", addr)
+		return err
+	}); err != nil {
+		t.Fatalf("listening on udp %s in %s: %v", addr, ns, err)
+	}
+	t.Cleanup(func() { _ = pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(answer(from.(*net.UDPAddr).AddrPort().Addr().Unmap())), from)
+		}
+	}()
+}
