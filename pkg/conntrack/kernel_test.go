@@ -66,25 +66,7 @@ func setup(t *testing.T) (client string) {
 }
 
 func serveUDP(t *testing.T, ns, name string) {
-	var pc net.PacketConn
-	if err := netnstest.Do(ns, func() error {
-		var err error
-		pc, err = net.ListenPacket("udp", ":5353")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			_, addr, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte(name), addr)
-		}
-	}()
+	netnstest.ServeUDP(t, ns, ":5353", func(netip.Addr) string { return name })
 }
 
 // dnat points a Service frontend at one endpoint ("" for none).
@@ -129,12 +111,8 @@ func TestKernelStaleUDPEntriesFollowEndpoints(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			client := setup(t)
-			var c net.Conn
-			if err := netnstest.Do(client, func() error {
-				var err error
-				c, err = net.Dial("udp", net.JoinHostPort(tc.dst, fmt.Sprint(tc.port)))
-				return err
-			}); err != nil {
+			c, err := netnstest.Dial(client, "udp", netip.Addr{}, net.JoinHostPort(tc.dst, fmt.Sprint(tc.port)), 0)
+			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()
@@ -160,44 +138,41 @@ func TestKernelStaleUDPEntriesFollowEndpoints(t *testing.T) {
 				t.Fatalf("first datagram reached %q, want pod-a", got)
 			}
 
-			// Endpoint A replaced by B.
-			dnat(t, tc.dst, tc.port, "10.1.2.2")
-			if got := ask(c); got != "pod-a" {
-				t.Fatalf("without reconciling, the old entry should still lead to pod-a, got %q", got)
-			}
-			if n := reconcile(state("10.1.2.2")); n < 1 {
-				t.Fatalf("deleted %d entries, want at least 1", n)
-			}
-			if got := ask(c); got != "pod-b" {
-				t.Fatalf("after reconciling, the same socket reached %q, want pod-b", got)
-			}
-			if n := reconcile(state("10.1.2.2")); n != 0 {
-				t.Errorf("second reconcile deleted %d entries of a serving endpoint", n)
-			}
-
-			// Scaled to zero (N -> 0).
-			dnat(t, tc.dst, tc.port, "")
-			if got := ask(c); got != "pod-b" {
-				t.Fatalf("without reconciling, the old entry should still lead to pod-b, got %q", got)
-			}
-			if n := reconcile(state()); n < 1 {
-				t.Fatalf("scale to zero: deleted %d entries, want at least 1", n)
-			}
-			if got := ask(c); got != "" {
-				t.Fatalf("after scaling to zero the socket still reached %q", got)
-			}
-
-			// Scaled up again (0 -> N): the datagram just sent left an entry that was
-			// not DNATed (ClusterIP) or went to the node itself (NodePort).
-			dnat(t, tc.dst, tc.port, "10.1.1.2")
-			if got := ask(c); got != "" {
-				t.Fatalf("without reconciling, the entry from the empty time should still miss, got %q", got)
-			}
-			if n := reconcile(state("10.1.1.2")); n < 1 {
-				t.Fatalf("scale from zero: deleted %d entries, want at least 1", n)
-			}
-			if got := ask(c); got != "pod-a" {
-				t.Fatalf("after scaling up, the same socket reached %q, want pod-a", got)
+			// Each step points the frontend elsewhere: the socket's existing entry keeps
+			// leading to what it led to before (before) until Reconcile deletes it, then
+			// the same socket reaches the new endpoint (after, "" for no answer).
+			for _, step := range []struct {
+				name, endpoint string
+				before, after  string
+				// settled: a second Reconcile of the same state deletes nothing.
+				settled bool
+			}{
+				{name: "endpoint A replaced by B", endpoint: "10.1.2.2", before: "pod-a", after: "pod-b", settled: true},
+				{name: "scale to zero (N -> 0)", endpoint: "", before: "pod-b", after: ""},
+				// The datagram just sent left an entry that was not DNATed (ClusterIP) or
+				// went to the node itself (NodePort).
+				{name: "scale from zero (0 -> N)", endpoint: "10.1.1.2", before: "", after: "pod-a"},
+			} {
+				var eps []string
+				if step.endpoint != "" {
+					eps = []string{step.endpoint}
+				}
+				dnat(t, tc.dst, tc.port, step.endpoint)
+				if got := ask(c); got != step.before {
+					t.Fatalf("%s: without reconciling, the old entry should still lead to %q, got %q", step.name, step.before, got)
+				}
+				if n := reconcile(state(eps...)); n < 1 {
+					t.Fatalf("%s: deleted %d entries, want at least 1", step.name, n)
+				}
+				if got := ask(c); got != step.after {
+					t.Fatalf("%s: after reconciling, the same socket reached %q, want %q", step.name, got, step.after)
+				}
+				if !step.settled {
+					continue
+				}
+				if n := reconcile(state(eps...)); n != 0 {
+					t.Errorf("%s: second reconcile deleted %d entries of a serving endpoint", step.name, n)
+				}
 			}
 			out, _ := exec.Command("conntrack", "-L", "-p", "udp").CombinedOutput()
 			t.Logf("conntrack table at the end:\n%s", strings.TrimSpace(string(out)))
