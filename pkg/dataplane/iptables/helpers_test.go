@@ -108,14 +108,7 @@ func changed(names ...string) model.Changes { return fixture.Changed(names...) }
 
 func mustApply(t testing.TB, b *Backend, st *model.NodeState, ch model.Changes) dataplane.Result {
 	t.Helper()
-	res := b.Apply(context.Background(), st, ch)
-	if res.Err != nil {
-		t.Fatalf("Apply: %v", res.Err)
-	}
-	if len(res.Failed) > 0 {
-		t.Fatalf("Apply: failed Services: %v", res.Failed)
-	}
-	return res
+	return fixture.MustApply(t, b, st, ch)
 }
 
 // assertConsistent checks invariants of a kernel after any sync: every jump goes to an

@@ -200,11 +200,7 @@ func newKernelBackend(t *testing.T, flavour Flavour, opts ...Option) *Backend {
 
 func kApply(t *testing.T, b *Backend, st *model.NodeState, ch model.Changes) dataplane.Result {
 	t.Helper()
-	res := b.Apply(context.Background(), st, ch)
-	if res.Err != nil || len(res.Failed) > 0 {
-		t.Fatalf("Apply: err=%v failed=%v", res.Err, res.Failed)
-	}
-	return res
+	return fixture.MustApply(t, b, st, ch)
 }
 
 var flavours = []Flavour{FlavourLegacy, FlavourNFT}

@@ -83,14 +83,7 @@ func newTestBackend(t *testing.T, k *fakeKernel, settings Settings, opts ...Opti
 // mustApply applies and fails the test on any failure.
 func mustApply(t *testing.T, b *Backend, state *model.NodeState, ch model.Changes) dataplane.Result {
 	t.Helper()
-	res := b.Apply(context.Background(), state, ch)
-	if res.Err != nil {
-		t.Fatalf("Apply: %v", res.Err)
-	}
-	if len(res.Failed) > 0 {
-		t.Fatalf("Apply: failed Services: %v", res.Failed)
-	}
-	return res
+	return fixture.MustApply(t, b, state, ch)
 }
 
 // stateOf builds an IPv4 NodeState holding the ports, grouped by Service.

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/test/netnstest"
 )
@@ -43,14 +44,7 @@ func newTestBackend(t testing.TB, cfg dataplane.Config, opts ...Option) *Backend
 
 func mustApply(t testing.TB, b *Backend, ns *model.NodeState, ch model.Changes) dataplane.Result {
 	t.Helper()
-	res := b.Apply(context.Background(), ns, ch)
-	if res.Err != nil {
-		t.Fatalf("Apply: %v", res.Err)
-	}
-	if len(res.Failed) > 0 {
-		t.Fatalf("Apply: failed services: %v", res.Failed)
-	}
-	return res
+	return fixture.MustApply(t, b, ns, ch)
 }
 
 // nftList returns `nft list table` output (nft is only for inspection in tests).

@@ -3,8 +3,6 @@ package nftables
 import (
 	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -93,24 +91,7 @@ func (k *fakeKernel) apply(ns *model.NodeState, ch model.Changes) *Plan {
 // testdata/name.
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	got = withoutEmptyEndpointMaps(got)
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("%s differs (-want +got; -update rewrites it):\n%s", path, diff)
-	}
+	fixture.Golden(t, name, withoutEmptyEndpointMaps(got), *update)
 }
 
 // withoutEmptyEndpointMaps drops from an nft script the "add map" of every endpoint map no
