@@ -57,7 +57,7 @@ func (h *harness) syncAt(t *testing.T, d time.Duration) (model.Changes, bool) {
 
 func gaugeValue(t *testing.T, family string) float64 {
 	t.Helper()
-	return testGauge(t, metrics.ServicesFailed.WithLabelValues(family))
+	return metricValue(t, metrics.ServicesFailed.WithLabelValues(family))
 }
 
 // TestFailedServiceKeepsLastGoodVersionAndBacksOff follows one Service whose update the
@@ -68,8 +68,7 @@ func TestFailedServiceKeepsLastGoodVersionAndBacksOff(t *testing.T) {
 	h := newHarness(t)
 	h.add("good", "10.96.0.1", "10.244.1.1")
 	h.add("bad", "10.96.0.2", "10.244.1.2")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
+	h.cachesSynced()
 	if _, applied := h.syncAt(t, 0); !applied {
 		t.Fatal("the first sync applied nothing")
 	}
@@ -187,23 +186,7 @@ func TestRetryWakesTheLoopWhenNothingElseChanges(t *testing.T) {
 	h.add("good", "10.96.0.1", "10.244.1.1")
 	h.add("bad", "10.96.0.2", "10.244.1.2")
 	h.backend.FailService(nameBad, errors.New("kernel said no"))
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- h.loop.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("loop.Run: %v", err)
-		}
-	}()
-
-	h.loop.Request()
-	if err := h.backend.WaitForApplies(ctxTimeout(t), 1); err != nil {
-		t.Fatal(err)
-	}
+	h.runLoop(t)
 	applies := 1
 	// The loop waits out minSyncPeriod, then sleeps until the retry: 30 s, then 60 s.
 	for _, wait := range []time.Duration{30 * time.Second, 60 * time.Second} {
@@ -262,11 +245,10 @@ func TestComputePanicKeepsTheServiceAndRetriesIt(t *testing.T) {
 	h.loop.cfg.Tracker = h.tracker
 	h.add("good", "10.96.0.1", "10.244.1.1")
 	h.add("bad", "10.96.0.2", "10.244.1.2")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
+	h.cachesSynced()
 	h.syncAt(t, 0)
 
-	before := testCounter(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic"))
+	before := metricValue(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic"))
 	src.on = true
 	h.add("bad", "10.96.0.2", "10.244.1.9")
 	h.add("good", "10.96.0.1", "10.244.1.5")
@@ -280,7 +262,7 @@ func TestComputePanicKeepsTheServiceAndRetriesIt(t *testing.T) {
 	if h.report.failed[nameBad] != 1 {
 		t.Errorf("the panic was reported %d times", h.report.failed[nameBad])
 	}
-	if got := testCounter(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic")) - before; got != 1 {
+	if got := metricValue(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic")) - before; got != 1 {
 		t.Errorf("sluice_sync_failures_total{reason=panic} grew by %v, want 1", got)
 	}
 
@@ -299,8 +281,7 @@ func TestComputePanicKeepsTheServiceAndRetriesIt(t *testing.T) {
 func TestBackendPanicRedoesTheDrainedChanges(t *testing.T) {
 	h := newHarness(t)
 	h.add("good", "10.96.0.1", "10.244.1.1")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
+	h.cachesSynced()
 	h.syncAt(t, 0)
 
 	h.loop.cfg.Backends = []dataplane.Backend{panickingBackend{h.backend}}
@@ -390,20 +371,15 @@ func TestStopLetsTheSyncInProgressFinish(t *testing.T) {
 	}
 }
 
-func testGauge(t *testing.T, g prometheus.Gauge) float64 {
+// metricValue reads a gauge's or a counter's value.
+func metricValue(t *testing.T, g prometheus.Metric) float64 {
 	t.Helper()
 	var m dto.Metric
 	if err := g.Write(&m); err != nil {
 		t.Fatal(err)
 	}
-	return m.GetGauge().GetValue()
-}
-
-func testCounter(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
+	if m.Gauge != nil {
+		return m.GetGauge().GetValue()
 	}
 	return m.GetCounter().GetValue()
 }

@@ -80,6 +80,40 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
+// cachesSynced tells the tracker that both informers have synced.
+func (h *harness) cachesSynced() {
+	h.tracker.OnServicesSynced()
+	h.tracker.OnEndpointSlicesSynced()
+}
+
+// mustSync runs one sync and fails the test when it fails.
+func (h *harness) mustSync(t *testing.T) {
+	t.Helper()
+	if err := h.loop.sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runLoop marks the informers synced, runs the loop until the test ends (checking that
+// Run then returns nil), requests a sync and waits for its apply.
+func (h *harness) runLoop(t *testing.T) {
+	t.Helper()
+	h.cachesSynced()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- h.loop.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("loop.Run: %v", err)
+		}
+	})
+	h.loop.Request()
+	if err := h.backend.WaitForApplies(ctxTimeout(t), 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (h *harness) add(name, ip, epIP string) {
 	svc, sl := service(name, ip), slice(name, epIP)
 	h.src.Put(svc, sl)
@@ -92,22 +126,17 @@ type fakeHealth struct {
 	queued, synced map[model.IPFamily]int
 }
 
-func (f *fakeHealth) QueuedUpdate(fam model.IPFamily) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.queued == nil {
-		f.queued = map[model.IPFamily]int{}
-	}
-	f.queued[fam]++
-}
+func (f *fakeHealth) QueuedUpdate(fam model.IPFamily) { f.count(&f.queued, fam) }
+func (f *fakeHealth) Updated(fam model.IPFamily)      { f.count(&f.synced, fam) }
 
-func (f *fakeHealth) Updated(fam model.IPFamily) {
+// count adds one to (*m)[fam], making the map on first use.
+func (f *fakeHealth) count(m *map[model.IPFamily]int, fam model.IPFamily) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.synced == nil {
-		f.synced = map[model.IPFamily]int{}
+	if *m == nil {
+		*m = map[model.IPFamily]int{}
 	}
-	f.synced[fam]++
+	(*m)[fam]++
 }
 
 type fakeReporter struct {
@@ -130,9 +159,7 @@ func TestNothingIsProgrammedBeforeCachesSync(t *testing.T) {
 	h := newHarness(t)
 	h.add("a", "10.96.0.1", "10.244.1.1")
 	h.loop.Request()
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.mustSync(t)
 	if total, _ := h.backend.Applies(); total != 0 {
 		t.Fatalf("backend applied %d times before the caches synced", total)
 	}
@@ -145,19 +172,14 @@ func TestFirstSyncIsFullThenPartial(t *testing.T) {
 	h := newHarness(t)
 	h.add("a", "10.96.0.1", "10.244.1.1")
 	h.add("b", "10.96.0.2", "10.244.1.2")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.cachesSynced()
+	h.mustSync(t)
 	state, ch, _ := h.backend.Last()
 	if !ch.Full || len(state.Services) != 2 {
 		t.Fatalf("first sync: full=%v ports=%d, want full with 2 ports", ch.Full, len(state.Services))
 	}
 	h.add("b", "10.96.0.2", "10.244.1.9")
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.mustSync(t)
 	_, ch, _ = h.backend.Last()
 	want := sets.New(types.NamespacedName{Namespace: "ns", Name: "b"})
 	if ch.Full || !ch.Services.Equal(want) {
@@ -169,8 +191,7 @@ func TestFailedServiceIsReportedAndRetriedWhileOthersAreProgrammed(t *testing.T)
 	h := newHarness(t)
 	h.add("good", "10.96.0.1", "10.244.1.1")
 	h.add("bad", "10.96.0.2", "10.244.1.2")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
+	h.cachesSynced()
 	bad := types.NamespacedName{Namespace: "ns", Name: "bad"}
 	h.backend.FailService(bad, errors.New("kernel said no"))
 
@@ -191,9 +212,7 @@ func TestFailedServiceIsReportedAndRetriedWhileOthersAreProgrammed(t *testing.T)
 	// Its retry is due syncPeriod after the failure (loop_failure_test.go checks the
 	// schedule).
 	h.loop.clock.(*clocktesting.FakeClock).Step(h.loop.cfg.SyncPeriod)
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.mustSync(t)
 	_, ch, _ := h.backend.Last()
 	if !ch.Services.Has(bad) {
 		t.Fatalf("the sync at its retry time did not retry %v: %v", bad, ch.Services.UnsortedList())
@@ -209,20 +228,15 @@ func TestFailedServiceIsReportedAndRetriedWhileOthersAreProgrammed(t *testing.T)
 func TestWholeSyncFailureMakesNextSyncFull(t *testing.T) {
 	h := newHarness(t)
 	h.add("a", "10.96.0.1", "10.244.1.1")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.cachesSynced()
+	h.mustSync(t)
 	h.backend.FailApply(errors.New("restore failed"))
 	h.add("a", "10.96.0.1", "10.244.1.5")
 	if err := h.loop.sync(context.Background()); err == nil {
 		t.Fatal("a failed apply must make the sync return an error (so the runner retries)")
 	}
 	h.backend.FailApply(nil)
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.mustSync(t)
 	_, ch, _ := h.backend.Last()
 	if !ch.Full {
 		t.Fatal("the sync after a failure must be full")
@@ -239,15 +253,12 @@ func TestBackendPanicIsRecoveredAndRetriedFull(t *testing.T) {
 	h := newHarness(t)
 	h.loop.cfg.Backends = []dataplane.Backend{panickingBackend{h.backend}}
 	h.add("a", "10.96.0.1", "10.244.1.1")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
+	h.cachesSynced()
 	if err := h.loop.sync(context.Background()); err == nil {
 		t.Fatal("a panic must be reported as a failed sync")
 	}
 	h.loop.cfg.Backends = []dataplane.Backend{h.backend}
-	if err := h.loop.sync(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.mustSync(t)
 	if _, ch, _ := h.backend.Last(); !ch.Full {
 		t.Fatal("the sync after a panic must be full")
 	}
@@ -257,23 +268,7 @@ func TestRunCollapsesABurstIntoOneSync(t *testing.T) {
 	h := newHarness(t)
 	fc := h.loop.clock.(*clocktesting.FakeClock)
 	h.add("a", "10.96.0.1", "10.244.1.1")
-	h.tracker.OnServicesSynced()
-	h.tracker.OnEndpointSlicesSynced()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- h.loop.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("loop.Run: %v", err)
-		}
-	}()
-
-	h.loop.Request()
-	if err := h.backend.WaitForApplies(ctxTimeout(t), 1); err != nil {
-		t.Fatal(err)
-	}
+	h.runLoop(t)
 	// A burst while the loop waits out minSyncPeriod.
 	for i := 0; i < 50; i++ {
 		h.add("a", "10.96.0.1", "10.244.1."+itoa(i+2))
