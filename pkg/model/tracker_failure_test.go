@@ -10,6 +10,31 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 )
 
+// applyFails reports to the tracker that the sync applied Service name in IPv4 and that
+// it failed: the tracker holds it.
+func applyFails(tr *Tracker, name string) {
+	tr.Applied(IPv4, sets.New(nn(name)))
+	tr.Hold(IPv4, nn(name))
+}
+
+// addFailing adds svc, drains the tracker, and reports that applying svc failed.
+func addFailing(tr *Tracker, src *fakeSource, svc *v1.Service) {
+	upsertService(tr, src, svc)
+	tr.Drain()
+	applyFails(tr, svc.Name)
+}
+
+// appliedAB returns an IPv4 tracker whose state, applied, holds Service a with endpoint
+// 10.0.0.1:8080 and Service b (172.30.0.2) without endpoints.
+func appliedAB() (*Tracker, *fakeSource) {
+	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
+	upsertService(tr, src, makeService("a"))
+	upsertService(tr, src, makeService("b", withClusterIPs("172.30.0.2")))
+	upsertSlice(tr, src, makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.1")))
+	drainAndApply(tr)
+	return tr, src
+}
+
 // endpointsOf returns the endpoint addresses a state holds for Service name.
 func endpointsOf(st *NodeState, name string) []string {
 	var out []string
@@ -25,11 +50,7 @@ func endpointsOf(st *NodeState, name string) []string {
 // back with the version last applied in the state (what a full sync then programs), not
 // reported until Retry or a change of its own, and reported again after either.
 func TestTrackerHeldServiceKeepsItsLastGoodVersion(t *testing.T) {
-	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
-	upsertService(tr, src, makeService("a"))
-	upsertService(tr, src, makeService("b", withClusterIPs("172.30.0.2")))
-	upsertSlice(tr, src, makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.1")))
-	drainAndApply(tr)
+	tr, src := appliedAB()
 
 	// a's update fails: it is held with its old endpoint in the state.
 	upsertSlice(tr, src, makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.9")))
@@ -38,8 +59,7 @@ func TestTrackerHeldServiceKeepsItsLastGoodVersion(t *testing.T) {
 	if got := endpointsOf(states[IPv4], "a"); len(got) != 1 || got[0] != "10.0.0.9:8080" {
 		t.Fatalf("before the failure the state holds %v", got)
 	}
-	tr.Applied(IPv4, sets.New(nn("a")))
-	tr.Hold(IPv4, nn("a"))
+	applyFails(tr, "a")
 	states, changes, _ = tr.Drain()
 	wantChanged(t, changes[IPv4], false)
 	if got := endpointsOf(states[IPv4], "a"); len(got) != 1 || got[0] != "10.0.0.1:8080" {
@@ -65,8 +85,7 @@ func TestTrackerHeldServiceKeepsItsLastGoodVersion(t *testing.T) {
 		t.Fatalf("a retried: the state holds %v", got)
 	}
 	// It fails again and is held again, with the same last good version.
-	tr.Applied(IPv4, sets.New(nn("a")))
-	tr.Hold(IPv4, nn("a"))
+	applyFails(tr, "a")
 	states, _, _ = tr.Drain()
 	if got := endpointsOf(states[IPv4], "a"); len(got) != 1 || got[0] != "10.0.0.1:8080" {
 		t.Fatalf("a held again: the state holds %v", got)
@@ -85,8 +104,7 @@ func TestTrackerHeldServiceKeepsItsLastGoodVersion(t *testing.T) {
 	// Applied: the new version is now the last good one; a later failure holds it.
 	upsertSlice(tr, src, makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.8")))
 	tr.Drain()
-	tr.Applied(IPv4, sets.New(nn("a")))
-	tr.Hold(IPv4, nn("a"))
+	applyFails(tr, "a")
 	states, _, _ = tr.Drain()
 	if got := endpointsOf(states[IPv4], "a"); len(got) != 1 || got[0] != "10.0.0.7:8080" {
 		t.Fatalf("after a successful apply the last good version is %v, want 10.0.0.7:8080", got)
@@ -98,10 +116,7 @@ func TestTrackerHeldServiceKeepsItsLastGoodVersion(t *testing.T) {
 // keeps its new one.
 func TestTrackerHeldNewServiceIsAbsent(t *testing.T) {
 	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
-	upsertService(tr, src, makeService("first"))
-	tr.Drain()
-	tr.Applied(IPv4, sets.New(nn("first")))
-	tr.Hold(IPv4, nn("first"))
+	addFailing(tr, src, makeService("first"))
 	states, changes, _ := tr.Drain()
 	wantChanged(t, changes[IPv4], false)
 	if len(states[IPv4].PortsOf(nn("first"))) != 1 {
@@ -109,10 +124,7 @@ func TestTrackerHeldNewServiceIsAbsent(t *testing.T) {
 	}
 	tr.Applied(IPv4, nil)
 
-	upsertService(tr, src, makeService("new", withClusterIPs("172.30.0.5")))
-	tr.Drain()
-	tr.Applied(IPv4, sets.New(nn("new")))
-	tr.Hold(IPv4, nn("new"))
+	addFailing(tr, src, makeService("new", withClusterIPs("172.30.0.5")))
 	states, _, _ = tr.Drain()
 	if ports := states[IPv4].PortsOf(nn("new")); len(ports) != 0 {
 		t.Errorf("a new Service that failed is in the state while held: %v", ports)
@@ -130,11 +142,7 @@ func TestTrackerHeldNewServiceIsAbsent(t *testing.T) {
 // leaves that Service's state alone, does not stop the others, and the next Drain
 // computes it again.
 func TestTrackerComputePanicKeepsStateAndRetries(t *testing.T) {
-	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
-	upsertService(tr, src, makeService("a"))
-	upsertService(tr, src, makeService("b", withClusterIPs("172.30.0.2")))
-	upsertSlice(tr, src, makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.1")))
-	drainAndApply(tr)
+	tr, src := appliedAB()
 
 	broken := true
 	tr.computeService = func(svc *v1.Service, sl []*discoveryv1.EndpointSlice, n NodeInfo, f IPFamily, o Options) ([]*ServicePort, []Problem) {
@@ -205,14 +213,8 @@ func TestTrackerPanicInDrainPutsTheWorkBack(t *testing.T) {
 // version is applied; one whose last good version is unknown shows a version not applied.
 func TestTrackerUnappliedAndHeldServices(t *testing.T) {
 	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
-	upsertService(tr, src, makeService("first"))
-	tr.Drain()
-	tr.Applied(IPv4, sets.New(nn("first")))
-	tr.Hold(IPv4, nn("first"))
-	upsertService(tr, src, makeService("later", withClusterIPs("172.30.0.5")))
-	tr.Drain()
-	tr.Applied(IPv4, sets.New(nn("later")))
-	tr.Hold(IPv4, nn("later"))
+	addFailing(tr, src, makeService("first"))
+	addFailing(tr, src, makeService("later", withClusterIPs("172.30.0.5")))
 	if got := tr.Unapplied(IPv4); len(got) != 1 || got[0] != nn("first") {
 		t.Errorf("Unapplied = %v, want only ns/first (later's state is its last good version: absent)", got)
 	}
