@@ -697,34 +697,28 @@ func TestTrackerConcurrentHandlersAndDrain(t *testing.T) {
 			}
 		}()
 	}
-	others.Add(2)
-	go func() { // the sync loop
-		defer others.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+	// untilStopped runs fn over and over in a goroutine until stop is closed.
+	untilStopped := func(fn func()) {
+		others.Add(1)
+		go func() {
+			defer others.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				fn()
 			}
-			states, _, _ := tr.Drain()
-			for f := range states {
-				tr.Applied(f, nil)
-			}
+		}()
+	}
+	// The sync loop, and a debug reader.
+	untilStopped(func() { drainAndApply(tr) })
+	untilStopped(func() {
+		if s := tr.Snapshot(IPv4); s != nil {
+			_ = len(s.Services)
 		}
-	}()
-	go func() { // a debug reader
-		defer others.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if s := tr.Snapshot(IPv4); s != nil {
-				_ = len(s.Services)
-			}
-		}
-	}()
+	})
 	handlers.Wait()
 	close(stop)
 	others.Wait()
