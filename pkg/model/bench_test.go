@@ -46,6 +46,19 @@ func benchSource(services []*v1.Service, slices []*discoveryv1.EndpointSlice) *f
 	return src
 }
 
+// benchTracker returns a tracker over src that has been told of every Service and slice
+// (not drained yet).
+func benchTracker(src *fakeSource, services []*v1.Service, slices []*discoveryv1.EndpointSlice) *Tracker {
+	tr := NewTracker(TrackerConfig{Source: src, Node: testNode})
+	for _, s := range services {
+		tr.OnServiceAdd(s)
+	}
+	for _, s := range slices {
+		tr.OnEndpointSliceAdd(s)
+	}
+	return tr
+}
+
 // BenchmarkDrainCold measures a start: every Service and slice arrives through the handlers,
 // then one Drain computes the whole node (both families tracked, IPv4-only objects).
 func BenchmarkDrainCold(b *testing.B) {
@@ -56,13 +69,7 @@ func BenchmarkDrainCold(b *testing.B) {
 			b.ReportAllocs()
 			cpu := startCPUClock()
 			for b.Loop() {
-				tr := NewTracker(TrackerConfig{Source: src, Node: testNode})
-				for _, s := range services {
-					tr.OnServiceAdd(s)
-				}
-				for _, s := range slices {
-					tr.OnEndpointSliceAdd(s)
-				}
+				tr := benchTracker(src, services, slices)
 				states, _, _ := tr.Drain()
 				if len(states[IPv4].Services) != n {
 					b.Fatalf("%d ports", len(states[IPv4].Services))
@@ -81,13 +88,7 @@ func BenchmarkDrainOneEndpointChange(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			services, slices := benchCluster(n)
 			src := benchSource(services, slices)
-			tr := NewTracker(TrackerConfig{Source: src, Node: testNode})
-			for _, s := range services {
-				tr.OnServiceAdd(s)
-			}
-			for _, s := range slices {
-				tr.OnEndpointSliceAdd(s)
-			}
+			tr := benchTracker(src, services, slices)
 			drainAndApply(tr)
 
 			// Two versions of the middle Service's slice, alternated.
@@ -131,13 +132,7 @@ func BenchmarkStateMemory(b *testing.B) {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		tr := NewTracker(TrackerConfig{Source: src, Node: testNode})
-		for _, s := range services {
-			tr.OnServiceAdd(s)
-		}
-		for _, s := range slices {
-			tr.OnEndpointSliceAdd(s)
-		}
+		tr := benchTracker(src, services, slices)
 		states, _, _ := tr.Drain()
 		runtime.GC()
 		runtime.ReadMemStats(&after)
