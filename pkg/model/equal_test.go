@@ -55,39 +55,31 @@ func TestServicePortEqualCoversEveryField(t *testing.T) {
 	base := func() *ServicePort {
 		return &ServicePort{AllEndpoints: []Endpoint{ready(1).endpoint()}}
 	}
-	typ := reflect.TypeFor[ServicePort]()
-	for i := range typ.NumField() {
-		f := typ.Field(i)
-		t.Run("ServicePort."+f.Name, func(t *testing.T) {
-			a, b := base(), base()
-			changeField(t, reflect.ValueOf(b).Elem().Field(i))
-			if a.Equal(b) || b.Equal(a) {
-				t.Errorf("Equal ignores %s", f.Name)
-			}
-		})
+	withHints := func() *ServicePort {
+		sp := base()
+		sp.AllEndpoints[0].Hints = &EndpointHints{}
+		return sp
 	}
-	etyp := reflect.TypeFor[Endpoint]()
-	for i := range etyp.NumField() {
-		f := etyp.Field(i)
-		t.Run("Endpoint."+f.Name, func(t *testing.T) {
-			a, b := base(), base()
-			changeField(t, reflect.ValueOf(&b.AllEndpoints[0]).Elem().Field(i))
-			if a.Equal(b) {
-				t.Errorf("Equal ignores Endpoint.%s", f.Name)
-			}
-		})
-	}
-	htyp := reflect.TypeFor[EndpointHints]()
-	for i := range htyp.NumField() {
-		f := htyp.Field(i)
-		t.Run("EndpointHints."+f.Name, func(t *testing.T) {
-			a, b := base(), base()
-			a.AllEndpoints[0].Hints, b.AllEndpoints[0].Hints = &EndpointHints{}, &EndpointHints{}
-			changeField(t, reflect.ValueOf(b.AllEndpoints[0].Hints).Elem().Field(i))
-			if a.Equal(b) {
-				t.Errorf("Equal ignores EndpointHints.%s", f.Name)
-			}
-		})
+	for _, kind := range []struct {
+		typ  reflect.Type
+		base func() *ServicePort
+		// of returns the struct of this type within sp.
+		of func(sp *ServicePort) reflect.Value
+	}{
+		{reflect.TypeFor[ServicePort](), base, func(sp *ServicePort) reflect.Value { return reflect.ValueOf(sp).Elem() }},
+		{reflect.TypeFor[Endpoint](), base, func(sp *ServicePort) reflect.Value { return reflect.ValueOf(&sp.AllEndpoints[0]).Elem() }},
+		{reflect.TypeFor[EndpointHints](), withHints, func(sp *ServicePort) reflect.Value { return reflect.ValueOf(sp.AllEndpoints[0].Hints).Elem() }},
+	} {
+		for i := range kind.typ.NumField() {
+			name := kind.typ.Name() + "." + kind.typ.Field(i).Name
+			t.Run(name, func(t *testing.T) {
+				a, b := kind.base(), kind.base()
+				changeField(t, kind.of(b).Field(i))
+				if a.Equal(b) || b.Equal(a) {
+					t.Errorf("Equal ignores %s", name)
+				}
+			})
+		}
 	}
 }
 
