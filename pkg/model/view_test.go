@@ -3,6 +3,7 @@ package model_test
 import (
 	"encoding/json"
 	"net/netip"
+	"os"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -71,182 +72,20 @@ func viewTestState(reverse bool) *model.NodeState {
 	return st
 }
 
-const wantViewJSON = `{
-  "schema": "sluice.state/v1",
-  "family": "IPv4",
-  "node": {
-    "name": "node-a",
-    "zone": "z1",
-    "ips": [
-      "192.168.0.10",
-      "fd00::10"
-    ],
-    "podCIDRs": [
-      "10.1.0.0/24"
-    ]
-  },
-  "serviceCIDRs": [
-    "10.0.0.0/24",
-    "10.96.0.0/16"
-  ],
-  "services": [
-    {
-      "namespace": "kube-system",
-      "name": "dns",
-      "portName": "dns",
-      "protocol": "UDP",
-      "type": "ClusterIP",
-      "clusterIP": "10.96.0.10",
-      "port": 53,
-      "nodePort": 0,
-      "externalIPs": [],
-      "loadBalancerVIPs": [],
-      "loadBalancerSourceRanges": [],
-      "sessionAffinity": "None",
-      "affinityTimeoutSeconds": 0,
-      "externalTrafficPolicy": "Cluster",
-      "internalTrafficPolicy": "Local",
-      "healthCheckNodePort": 0,
-      "scheduler": "",
-      "topology": "",
-      "hasAnyEndpoints": false,
-      "clusterEndpoints": null,
-      "localEndpoints": [],
-      "allEndpoints": []
-    },
-    {
-      "namespace": "ns1",
-      "name": "web",
-      "portName": "https",
-      "protocol": "TCP",
-      "type": "LoadBalancer",
-      "clusterIP": "10.96.0.20",
-      "port": 443,
-      "nodePort": 31443,
-      "externalIPs": [
-        "203.0.113.7",
-        "203.0.113.9"
-      ],
-      "loadBalancerVIPs": [
-        "198.51.100.1"
-      ],
-      "loadBalancerSourceRanges": [
-        "192.0.2.0/24",
-        "198.51.100.0/24"
-      ],
-      "sessionAffinity": "ClientIP",
-      "affinityTimeoutSeconds": 10800,
-      "externalTrafficPolicy": "Local",
-      "internalTrafficPolicy": "Cluster",
-      "healthCheckNodePort": 32000,
-      "scheduler": "",
-      "topology": "PreferSameZone",
-      "hasAnyEndpoints": true,
-      "clusterEndpoints": [
-        {
-          "ip": "10.1.0.9",
-          "port": 8443,
-          "ready": true,
-          "serving": true,
-          "terminating": false,
-          "nodeName": "node-b",
-          "zone": "z2",
-          "local": false
-        },
-        {
-          "ip": "10.1.0.10",
-          "port": 8443,
-          "ready": true,
-          "serving": true,
-          "terminating": false,
-          "nodeName": "node-a",
-          "zone": "z1",
-          "local": true,
-          "zoneHints": [
-            "z1",
-            "z2"
-          ]
-        }
-      ],
-      "localEndpoints": [
-        {
-          "ip": "10.1.0.10",
-          "port": 8443,
-          "ready": true,
-          "serving": true,
-          "terminating": false,
-          "nodeName": "node-a",
-          "zone": "z1",
-          "local": true,
-          "zoneHints": [
-            "z1",
-            "z2"
-          ]
-        }
-      ],
-      "allEndpoints": [
-        {
-          "ip": "10.1.0.9",
-          "port": 8443,
-          "ready": true,
-          "serving": true,
-          "terminating": false,
-          "nodeName": "node-b",
-          "zone": "z2",
-          "local": false
-        },
-        {
-          "ip": "10.1.0.10",
-          "port": 8443,
-          "ready": true,
-          "serving": true,
-          "terminating": false,
-          "nodeName": "node-a",
-          "zone": "z1",
-          "local": true,
-          "zoneHints": [
-            "z1",
-            "z2"
-          ]
-        },
-        {
-          "ip": "10.1.0.200",
-          "port": 8443,
-          "ready": false,
-          "serving": true,
-          "terminating": true,
-          "nodeName": "node-a",
-          "zone": "z1",
-          "local": true
-        }
-      ]
-    }
-  ],
-  "problems": [
-    {
-      "namespace": "ns1",
-      "name": "web",
-      "object": "EndpointSlice ns1/web-abc",
-      "field": "endpoints[0].addresses[0]",
-      "message": "not an IP address"
-    },
-    {
-      "namespace": "ns1",
-      "name": "web",
-      "object": "Service",
-      "field": "spec.externalIPs[2]",
-      "message": "not an IP address"
-    }
-  ]
-}`
+// testdata/state-view.json is the view of viewTestState(false), indented by two spaces,
+// without a final newline.
 
 func TestStateViewJSON(t *testing.T) {
 	got, err := json.MarshalIndent(viewTestState(false).View(), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got) != wantViewJSON {
-		t.Errorf("view JSON differs; got:\n%s", got)
+	want, err := os.ReadFile("testdata/state-view.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("view JSON differs from testdata/state-view.json; got:\n%s", got)
 	}
 }
 
