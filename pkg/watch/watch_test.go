@@ -7,6 +7,7 @@ package watch
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -172,10 +173,10 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 		}, Spec: v1.ServiceSpec{Ports: append(make([]v1.ServicePort, 0, 4), v1.ServicePort{Port: 80})}},
 		check: func(t *testing.T, out any) {
 			svc := out.(*cachedService).service()
-			if want := map[string]string{AnnotationScheduler: "sh"}; !mapsEqual(svc.Annotations, want) {
+			if want := map[string]string{AnnotationScheduler: "sh"}; !maps.Equal(svc.Annotations, want) {
 				t.Errorf("annotations %v, want %v", svc.Annotations, want)
 			}
-			if want := map[string]string{LabelServiceProxyName: "x"}; !mapsEqual(svc.Labels, want) {
+			if want := map[string]string{LabelServiceProxyName: "x"}; !maps.Equal(svc.Labels, want) {
 				t.Errorf("labels %v, want %v", svc.Labels, want)
 			}
 			if len(svc.Spec.Ports) != 1 || cap(svc.Spec.Ports) != 1 {
@@ -202,7 +203,7 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 		}},
 		check: func(t *testing.T, out any) {
 			s := out.(*cachedSlice).endpointSlice()
-			if want := map[string]string{AnnotationTriggerTime: "2026-01-02T03:04:05Z"}; !mapsEqual(s.Annotations, want) {
+			if want := map[string]string{AnnotationTriggerTime: "2026-01-02T03:04:05Z"}; !maps.Equal(s.Annotations, want) {
 				t.Errorf("annotations %v, want %v", s.Annotations, want)
 			}
 			if s.Labels[discoveryv1.LabelServiceName] != "a" || s.ManagedFields != nil {
@@ -232,7 +233,7 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 		check: func(t *testing.T, out any) {
 			s := out.(*cachedSlice).endpointSlice()
 			want := map[string]string{discoveryv1.LabelServiceName: "a", v1.IsHeadlessService: ""}
-			if !mapsEqual(s.Labels, want) || s.OwnerReferences != nil {
+			if !maps.Equal(s.Labels, want) || s.OwnerReferences != nil {
 				t.Errorf("labels %v (want %v), ownerReferences %v", s.Labels, want, s.OwnerReferences)
 			}
 			ep := s.Endpoints[0]
@@ -305,18 +306,6 @@ func TestSlimKeepsOnlyWhatSluiceReads(t *testing.T) {
 			tc.check(t, out)
 		})
 	}
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 func TestDeletedObjectUnwrapsTombstones(t *testing.T) {

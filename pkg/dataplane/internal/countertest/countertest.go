@@ -2,6 +2,7 @@
 package countertest
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -37,15 +38,7 @@ func NewConnections(counts []dataplane.TrafficCount) map[dataplane.CounterSeries
 
 // Equal reports whether two maps of counts hold the same series and values.
 func Equal(got, want map[dataplane.CounterSeries]uint64) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for k, v := range want {
-		if w, ok := got[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
+	return maps.Equal(got, want)
 }
 
 // Want fails the test unless r reads exactly want (new connections per series).
