@@ -143,22 +143,8 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 
 	node := model.NodeInfo{Name: "node-a", Zone: "z1", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.1"), netip.MustParseAddr("fd00::1")}}
 	cidrs := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}
-	var slimServices []*v1.Service
-	for _, s := range services {
-		out, err := slim(s.DeepCopy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		slimServices = append(slimServices, out.(*cachedService).service())
-	}
-	var slimSlices []*discoveryv1.EndpointSlice
-	for _, s := range slices {
-		out, err := slim(s.DeepCopy())
-		if err != nil {
-			t.Fatal(err)
-		}
-		slimSlices = append(slimSlices, out.(*cachedSlice).endpointSlice())
-	}
+	slimServices := slimAll(t, services, func(o any) *v1.Service { return o.(*cachedService).service() })
+	slimSlices := slimAll(t, slices, func(o any) *discoveryv1.EndpointSlice { return o.(*cachedSlice).endpointSlice() })
 	for _, opts := range []model.Options{{}, {IgnoreExternalIPs: true}, {TrafficCounters: model.TrafficCountersAll}} {
 		want := model.Compute(services, slices, node, cidrs, opts)
 		got := model.Compute(slimServices, slimSlices, node, cidrs, opts)
@@ -183,4 +169,18 @@ func TestSlimKeepsWhatTheModelReads(t *testing.T) {
 			t.Errorf("slice %s: trigger time %q, want %q", s.Name, got, want)
 		}
 	}
+}
+
+// slimAll slims a copy of every object and reads each back through back.
+func slimAll[T interface{ DeepCopy() T }](t *testing.T, objs []T, back func(any) T) []T {
+	t.Helper()
+	var out []T
+	for _, o := range objs {
+		slimmed, err := slim(o.DeepCopy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, back(slimmed))
+	}
+	return out
 }
