@@ -2,7 +2,6 @@ package config
 
 import (
 	"os"
-	"strings"
 	"testing"
 )
 
@@ -35,15 +34,7 @@ func TestCheckNamesEveryProblem(t *testing.T) {
 			if len(r.Problems) != len(tt.want) {
 				t.Errorf("%d problems, want %d: %q", len(r.Problems), len(tt.want), r.Problems)
 			}
-			for _, want := range tt.want {
-				found := false
-				for _, p := range r.Problems {
-					found = found || strings.Contains(p, want)
-				}
-				if !found {
-					t.Errorf("no problem mentions %q; got %q", want, r.Problems)
-				}
-			}
+			wantMentioned(t, r.Problems, tt.want)
 		})
 	}
 }

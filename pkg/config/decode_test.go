@@ -91,15 +91,7 @@ func TestDecodeRejectsWithFieldPaths(t *testing.T) {
 			if !errors.As(err, &decodeErr) {
 				t.Fatalf("error is %T, want *DecodeError: %v", err, err)
 			}
-			for _, want := range tt.wantProblems {
-				found := false
-				for _, p := range decodeErr.Problems {
-					found = found || strings.Contains(p, want)
-				}
-				if !found {
-					t.Errorf("no problem mentions %q; got %q", want, decodeErr.Problems)
-				}
-			}
+			wantMentioned(t, decodeErr.Problems, tt.wantProblems)
 		})
 	}
 }
@@ -266,5 +258,15 @@ func TestLoadFileLenientNamesTheFile(t *testing.T) {
 	_, _, err = LoadFileLenient(writeConfig(t, "oomScoreAdj: low\n"))
 	if err == nil || !strings.Contains(err.Error(), "config.yaml") {
 		t.Errorf("error %v should name the file", err)
+	}
+}
+
+// wantMentioned checks that every string of want is part of some problem.
+func wantMentioned(t *testing.T, problems, want []string) {
+	t.Helper()
+	for _, w := range want {
+		if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, w) }) {
+			t.Errorf("no problem mentions %q; got %q", w, problems)
+		}
 	}
 }
