@@ -145,26 +145,10 @@ func takeoverState() *model.NodeState {
 // switches to sluice. sluice converges the table upstream wrote (its anonymous numgen
 // maps become endpoint maps, old chains go) while connections keep being made.
 func TestTakeOverUpstreamTable(t *testing.T) {
-	resetTable(t)
-	tp := newTopology(t, model.IPv4)
-	tp.addPod("pod-a", "10.180.0.1")
-	tp.addPod("pod-b", "10.180.0.2")
-	path := filepath.Join(t.TempDir(), "upstream.nft")
-	if err := os.WriteFile(path, []byte(upstreamTable()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	nft(t, "-f", path)
-	if _, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil {
-		t.Fatalf("the upstream table does not work: %v", err)
-	}
-
-	p := startProber(tp, tp.client, ap("172.30.0.10", 80), ap("172.30.0.11", 53))
-	time.Sleep(100 * time.Millisecond)
-	b := newTestBackend(t, testConfig(model.IPv4), fixedAddrs(testNodeIP))
-	mustApply(t, b, takeoverState(), model.Changes{Full: true})
+	tp := takeoverTopology(t)
+	nftScript(t, upstreamTable())
+	b := takeOverWhileProbing(t, tp, "upstream")
 	st := b.LastStats()
-	time.Sleep(100 * time.Millisecond)
-	p.finish(t)
 
 	if st.Replaced {
 		t.Error("the upstream table was replaced rather than converged")
@@ -187,10 +171,7 @@ func TestTakeOverUpstreamTable(t *testing.T) {
 // types (a future or foreign layout) cannot be converged in place; it is replaced in one
 // transaction, and connections made meanwhile all succeed.
 func TestIncompatibleTableIsReplacedWithoutGap(t *testing.T) {
-	resetTable(t)
-	tp := newTopology(t, model.IPv4)
-	tp.addPod("pod-a", "10.180.0.1")
-	tp.addPod("pod-b", "10.180.0.2")
+	tp := takeoverTopology(t)
 	nftScript(t, `
 add table ip kube-proxy
 add map ip kube-proxy service-ips { type ipv4_addr : verdict ; }
@@ -198,8 +179,30 @@ add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 
 add rule ip kube-proxy nat-prerouting ip daddr 172.30.0.10 tcp dport 80 dnat to 10.180.0.1:80
 add rule ip kube-proxy nat-prerouting ip daddr 172.30.0.11 udp dport 53 dnat to 10.180.0.1:8080
 `)
+	b := takeOverWhileProbing(t, tp, "foreign")
+	if st := b.LastStats(); !st.Replaced || st.Batches != 1 {
+		t.Errorf("want one replacing transaction, got %+v", st)
+	}
+}
+
+// takeoverTopology is a clean node with pod-a (10.180.0.1) and pod-b (10.180.0.2), for a
+// table written by another program to be taken over.
+func takeoverTopology(t *testing.T) *topology {
+	t.Helper()
+	resetTable(t)
+	tp := newTopology(t, model.IPv4)
+	tp.addPod("pod-a", "10.180.0.1")
+	tp.addPod("pod-b", "10.180.0.2")
+	return tp
+}
+
+// takeOverWhileProbing checks that the table on the node (what wrote it) carries
+// traffic, then programs takeoverState with a new backend while a prober keeps
+// connecting to both of its Services, and fails the test if any connection failed.
+func takeOverWhileProbing(t *testing.T, tp *topology, what string) *Backend {
+	t.Helper()
 	if _, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil {
-		t.Fatalf("the foreign table does not work: %v", err)
+		t.Fatalf("the %s table does not work: %v", what, err)
 	}
 	p := startProber(tp, tp.client, ap("172.30.0.10", 80), ap("172.30.0.11", 53))
 	time.Sleep(100 * time.Millisecond)
@@ -207,9 +210,7 @@ add rule ip kube-proxy nat-prerouting ip daddr 172.30.0.11 udp dport 53 dnat to 
 	mustApply(t, b, takeoverState(), model.Changes{Full: true})
 	time.Sleep(100 * time.Millisecond)
 	p.finish(t)
-	if st := b.LastStats(); !st.Replaced || st.Batches != 1 {
-		t.Errorf("want one replacing transaction, got %+v", st)
-	}
+	return b
 }
 
 func nftScript(t testing.TB, script string) {

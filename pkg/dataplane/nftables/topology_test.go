@@ -192,6 +192,41 @@ func (tp *topology) udp(ns string, src netip.Addr, dst netip.AddrPort, timeout t
 	return parseReply(string(buf[:n]))
 }
 
+// wantTCP connects over TCP from ns ("" for the node; from src when valid) to dst and
+// fails the test unless pod answers.
+func (tp *topology) wantTCP(t *testing.T, ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration, pod string) reply {
+	t.Helper()
+	return tp.wantAnswer(t, "tcp", ns, src, dst, timeout, pod)
+}
+
+// wantUDP is wantTCP with one UDP datagram.
+func (tp *topology) wantUDP(t *testing.T, ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration, pod string) reply {
+	t.Helper()
+	return tp.wantAnswer(t, "udp", ns, src, dst, timeout, pod)
+}
+
+func (tp *topology) wantAnswer(t *testing.T, network, ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration, pod string) reply {
+	t.Helper()
+	ask := tp.tcp
+	if network == "udp" {
+		ask = tp.udp
+	}
+	r, err := ask(ns, src, dst, timeout)
+	if err != nil || r.pod != pod {
+		t.Fatalf("%s %v from %q: got %+v, %v; want %s", network, dst, ns, r, err, pod)
+	}
+	return r
+}
+
+// wantTCPError connects over TCP like wantTCP and fails the test unless the attempt ends
+// in want (errDropped or errRejected).
+func (tp *topology) wantTCPError(t *testing.T, ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration, want error) {
+	t.Helper()
+	if _, err := tp.tcp(ns, src, dst, timeout); !errors.Is(err, want) {
+		t.Fatalf("tcp %v from %q: got %v, want %v", dst, ns, err, want)
+	}
+}
+
 func parseReply(line string) (reply, error) {
 	fields := strings.Fields(line)
 	if len(fields) != 2 {

@@ -3,7 +3,6 @@
 package nftables
 
 import (
-	"errors"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -106,76 +105,46 @@ func TestTrafficIPv4(t *testing.T) {
 		}
 	})
 	t.Run("ClusterIP UDP", func(t *testing.T) {
-		r, err := tp.udp(podC, netip.Addr{}, ap("172.30.0.11", 53), quick)
-		if err != nil || r.pod != "pod-a" {
-			t.Fatalf("got %+v, %v; want pod-a", r, err)
-		}
+		tp.wantUDP(t, podC, netip.Addr{}, ap("172.30.0.11", 53), quick, "pod-a")
 	})
 	t.Run("NodePort, Cluster policy, masqueraded", func(t *testing.T) {
-		r, err := tp.tcp(client, netip.Addr{}, ap("192.168.0.2", 30080), quick)
-		if err != nil || r.pod != "pod-b" {
-			t.Fatalf("got %+v, %v; want pod-b", r, err)
-		}
+		r := tp.wantTCP(t, client, netip.Addr{}, ap("192.168.0.2", 30080), quick, "pod-b")
 		if r.peer == clientIP {
 			t.Fatalf("NodePort with Cluster policy kept source %v", r.peer)
 		}
 	})
 	t.Run("NodePort, Local policy, source preserved", func(t *testing.T) {
-		r, err := tp.tcp(client, netip.Addr{}, ap("192.168.0.2", 30081), quick)
-		if err != nil || r.pod != "pod-a" {
-			t.Fatalf("got %+v, %v; want pod-a", r, err)
-		}
+		r := tp.wantTCP(t, client, netip.Addr{}, ap("192.168.0.2", 30081), quick, "pod-a")
 		if r.peer != clientIP {
 			t.Fatalf("NodePort with Local policy: source %v, want %v", r.peer, clientIP)
 		}
 	})
 	t.Run("NodePort, Local policy, no local endpoints: dropped", func(t *testing.T) {
-		if _, err := tp.tcp(client, netip.Addr{}, ap("192.168.0.2", 30082), slow); !errors.Is(err, errDropped) {
-			t.Fatalf("got %v, want dropped", err)
-		}
+		tp.wantTCPError(t, client, netip.Addr{}, ap("192.168.0.2", 30082), slow, errDropped)
 	})
 	t.Run("NodePort, Local policy, no local endpoints: pods short-circuit to all endpoints", func(t *testing.T) {
-		r, err := tp.tcp(tp.pods["pod-a"].ns, netip.Addr{}, ap("192.168.0.2", 30082), quick)
-		if err != nil || r.pod != "pod-c" {
-			t.Fatalf("got %+v, %v; want pod-c", r, err)
-		}
+		tp.wantTCP(t, tp.pods["pod-a"].ns, netip.Addr{}, ap("192.168.0.2", 30082), quick, "pod-c")
 	})
 	t.Run("no endpoints: rejected", func(t *testing.T) {
 		for _, ns := range []string{client, podC} {
-			if _, err := tp.tcp(ns, netip.Addr{}, ap("172.30.0.15", 80), quick); !errors.Is(err, errRejected) {
-				t.Fatalf("from %s: got %v, want rejected", ns, err)
-			}
+			tp.wantTCPError(t, ns, netip.Addr{}, ap("172.30.0.15", 80), quick, errRejected)
 		}
 	})
 	t.Run("unused port of a ClusterIP: rejected", func(t *testing.T) {
-		if _, err := tp.tcp(podC, netip.Addr{}, ap("172.30.0.10", 9999), quick); !errors.Is(err, errRejected) {
-			t.Fatalf("got %v, want rejected", err)
-		}
+		tp.wantTCPError(t, podC, netip.Addr{}, ap("172.30.0.10", 9999), quick, errRejected)
 	})
 	t.Run("unallocated ServiceCIDR address: dropped", func(t *testing.T) {
-		if _, err := tp.tcp(podC, netip.Addr{}, ap("172.30.5.5", 80), slow); !errors.Is(err, errDropped) {
-			t.Fatalf("got %v, want dropped", err)
-		}
+		tp.wantTCPError(t, podC, netip.Addr{}, ap("172.30.5.5", 80), slow, errDropped)
 	})
 	t.Run("LoadBalancer IP", func(t *testing.T) {
-		r, err := tp.tcp(client, netip.Addr{}, ap("5.6.7.8", 80), quick)
-		if err != nil || r.pod != "pod-b" {
-			t.Fatalf("got %+v, %v; want pod-b", r, err)
-		}
+		tp.wantTCP(t, client, netip.Addr{}, ap("5.6.7.8", 80), quick, "pod-b")
 	})
 	t.Run("loadBalancerSourceRanges", func(t *testing.T) {
-		if r, err := tp.tcp(client, clientIP, ap("5.6.7.9", 80), quick); err != nil || r.pod != "pod-b" {
-			t.Fatalf("allowed source: got %+v, %v", r, err)
-		}
-		if _, err := tp.tcp(client, clientIP2, ap("5.6.7.9", 80), slow); !errors.Is(err, errDropped) {
-			t.Fatalf("source outside the ranges: got %v, want dropped", err)
-		}
+		tp.wantTCP(t, client, clientIP, ap("5.6.7.9", 80), quick, "pod-b")
+		tp.wantTCPError(t, client, clientIP2, ap("5.6.7.9", 80), slow, errDropped)
 	})
 	t.Run("external IP", func(t *testing.T) {
-		r, err := tp.tcp(client, netip.Addr{}, ap("192.168.99.22", 80), quick)
-		if err != nil || r.pod != "pod-c" {
-			t.Fatalf("got %+v, %v; want pod-c", r, err)
-		}
+		tp.wantTCP(t, client, netip.Addr{}, ap("192.168.99.22", 80), quick, "pod-c")
 	})
 	t.Run("session affinity", func(t *testing.T) {
 		first := ""
@@ -192,18 +161,13 @@ func TestTrafficIPv4(t *testing.T) {
 		}
 	})
 	t.Run("hairpin: a pod reaches itself through its Service, masqueraded", func(t *testing.T) {
-		r, err := tp.tcp(tp.pods["pod-a"].ns, netip.Addr{}, ap("172.30.0.18", 80), quick)
-		if err != nil || r.pod != "pod-a" {
-			t.Fatalf("got %+v, %v; want pod-a", r, err)
-		}
+		r := tp.wantTCP(t, tp.pods["pod-a"].ns, netip.Addr{}, ap("172.30.0.18", 80), quick, "pod-a")
 		if r.peer == netip.MustParseAddr("10.180.0.1") {
 			t.Fatal("hairpin connection was not masqueraded")
 		}
 	})
 	t.Run("internalTrafficPolicy Local without local endpoints: dropped", func(t *testing.T) {
-		if _, err := tp.tcp(podC, netip.Addr{}, ap("172.30.0.21", 80), slow); !errors.Is(err, errDropped) {
-			t.Fatalf("got %v, want dropped", err)
-		}
+		tp.wantTCPError(t, podC, netip.Addr{}, ap("172.30.0.21", 80), slow, errDropped)
 	})
 	t.Run("no NodePorts on localhost", func(t *testing.T) {
 		if _, err := tp.tcp("", netip.Addr{}, ap("127.0.0.1", 30080), quick); err == nil {
@@ -218,27 +182,15 @@ func TestTrafficIPv6(t *testing.T) {
 	if r, err := tp.tcp(client, netip.Addr{}, ap("fd00:172:30::10", 80), quick); err != nil || (r.pod != "pod-a" && r.pod != "pod-b") {
 		t.Fatalf("ClusterIP TCP: %+v, %v", r, err)
 	}
-	if r, err := tp.udp(podC, netip.Addr{}, ap("fd00:172:30::11", 53), quick); err != nil || r.pod != "pod-a" {
-		t.Fatalf("ClusterIP UDP: %+v, %v", r, err)
-	}
-	if r, err := tp.tcp(client, netip.Addr{}, ap("2001:db8::1", 30080), quick); err != nil || r.pod != "pod-b" {
-		t.Fatalf("NodePort: %+v, %v", r, err)
-	}
+	tp.wantUDP(t, podC, netip.Addr{}, ap("fd00:172:30::11", 53), quick, "pod-a")
+	tp.wantTCP(t, client, netip.Addr{}, ap("2001:db8::1", 30080), quick, "pod-b")
 	if r, err := tp.tcp(client, clientIPv6, ap("2001:db8::1", 30081), quick); err != nil || r.peer != clientIPv6 {
 		t.Fatalf("NodePort Local: %+v, %v", r, err)
 	}
-	if _, err := tp.tcp(client, netip.Addr{}, ap("2001:db8::1", 30082), slow); !errors.Is(err, errDropped) {
-		t.Fatalf("NodePort Local without local endpoints: %v, want dropped", err)
-	}
-	if _, err := tp.tcp(podC, netip.Addr{}, ap("fd00:172:30::15", 80), quick); !errors.Is(err, errRejected) {
-		t.Fatalf("no endpoints: %v, want rejected", err)
-	}
-	if _, err := tp.tcp(podC, netip.Addr{}, ap("fd00:172:30::10", 9999), quick); !errors.Is(err, errRejected) {
-		t.Fatalf("unused port: %v, want rejected", err)
-	}
-	if _, err := tp.tcp(podC, netip.Addr{}, ap("fd00:172:30::99", 80), slow); !errors.Is(err, errDropped) {
-		t.Fatalf("unallocated address: %v, want dropped", err)
-	}
+	tp.wantTCPError(t, client, netip.Addr{}, ap("2001:db8::1", 30082), slow, errDropped)
+	tp.wantTCPError(t, podC, netip.Addr{}, ap("fd00:172:30::15", 80), quick, errRejected)
+	tp.wantTCPError(t, podC, netip.Addr{}, ap("fd00:172:30::10", 9999), quick, errRejected)
+	tp.wantTCPError(t, podC, netip.Addr{}, ap("fd00:172:30::99", 80), slow, errDropped)
 }
 
 // prober connects to a Service over and over, counting failures, until stopped.
@@ -314,9 +266,7 @@ func TestPartialSyncKeepsOthersWorking(t *testing.T) {
 	}
 	p.finish(t)
 	// The changed Service works too.
-	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("192.168.0.2", 30080), quick); err != nil || r.pod != "pod-b" {
-		t.Fatalf("after changes: %+v, %v", r, err)
-	}
+	tp.wantTCP(t, tp.client, netip.Addr{}, ap("192.168.0.2", 30080), quick, "pod-b")
 }
 
 func TestDriftIsRepaired(t *testing.T) {
@@ -347,9 +297,7 @@ func TestDriftIsRepaired(t *testing.T) {
 	if r, err := tp.tcp(tp.pods["pod-c"].ns, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil {
 		t.Fatalf("ClusterIP after repair: %+v, %v", r, err)
 	}
-	if r, err := tp.tcp(tp.client, netip.Addr{}, ap("192.168.0.2", 30080), quick); err != nil || r.pod != "pod-b" {
-		t.Fatalf("NodePort after repair: %+v, %v", r, err)
-	}
+	tp.wantTCP(t, tp.client, netip.Addr{}, ap("192.168.0.2", 30080), quick, "pod-b")
 }
 
 func TestRestartWithoutDisruption(t *testing.T) {
