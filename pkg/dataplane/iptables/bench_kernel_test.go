@@ -23,6 +23,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
@@ -66,6 +67,29 @@ func benchBackend(b *testing.B, f Flavour) *Backend {
 	return be
 }
 
+// syncedBenchBackend stops the timer, empties the tables, and returns a new backend that
+// has programmed st with a full sync.
+func syncedBenchBackend(b *testing.B, f Flavour, st *model.NodeState) *Backend {
+	b.StopTimer()
+	wipeIPTables(b)
+	be := benchBackend(b, f)
+	if res := be.Apply(context.Background(), st, full()); res.Err != nil {
+		b.Fatal(res.Err)
+	}
+	return be
+}
+
+// timedApply applies st with the timer running (it is stopped before and after), and adds
+// the CPU time the iptables programs used to *cpu.
+func timedApply(b *testing.B, be *Backend, st *model.NodeState, ch model.Changes, cpu *time.Duration) dataplane.Result {
+	c0 := childCPU()
+	b.StartTimer()
+	res := be.Apply(context.Background(), st, ch)
+	b.StopTimer()
+	*cpu += childCPU() - c0
+	return res
+}
+
 func BenchmarkIPTablesSync(b *testing.B) {
 	for _, f := range flavours {
 		for _, n := range []int{1000, 10000} {
@@ -76,11 +100,7 @@ func BenchmarkIPTablesSync(b *testing.B) {
 					b.StopTimer()
 					wipeIPTables(b)
 					be := benchBackend(b, f)
-					c0 := childCPU()
-					b.StartTimer()
-					res := be.Apply(context.Background(), st, full())
-					b.StopTimer()
-					cpu += childCPU() - c0
+					res := timedApply(b, be, st, full(), &cpu)
 					if res.Err != nil || len(res.Failed) > 0 {
 						b.Fatalf("Apply: %v %v", res.Err, res.Failed)
 					}
@@ -94,21 +114,12 @@ func BenchmarkIPTablesSync(b *testing.B) {
 				b.ReportMetric(cpu.Seconds()/float64(b.N), "child-cpu-s/op")
 			})
 			b.Run(fmt.Sprintf("%s/%d/one-endpoint", f, n), func(b *testing.B) {
-				b.StopTimer()
-				wipeIPTables(b)
-				be := benchBackend(b, f)
-				if res := be.Apply(context.Background(), st, full()); res.Err != nil {
-					b.Fatal(res.Err)
-				}
+				be := syncedBenchBackend(b, f, st)
 				var cpu time.Duration
 				lines := 0
 				for i := 0; i < b.N; i++ {
 					next := moveOneEndpoint(st, i)
-					c0 := childCPU()
-					b.StartTimer()
-					res := be.Apply(context.Background(), next, changed("ns0/svc0"))
-					b.StopTimer()
-					cpu += childCPU() - c0
+					res := timedApply(b, be, next, changed("ns0/svc0"), &cpu)
 					if res.Err != nil || res.Full {
 						b.Fatalf("Apply: err=%v full=%v", res.Err, res.Full)
 					}
@@ -118,19 +129,10 @@ func BenchmarkIPTablesSync(b *testing.B) {
 				b.ReportMetric(float64(lines)/float64(b.N), "restore-lines/op")
 			})
 			b.Run(fmt.Sprintf("%s/%d/full-resync", f, n), func(b *testing.B) {
-				b.StopTimer()
-				wipeIPTables(b)
-				be := benchBackend(b, f)
-				if res := be.Apply(context.Background(), st, full()); res.Err != nil {
-					b.Fatal(res.Err)
-				}
+				be := syncedBenchBackend(b, f, st)
 				var cpu time.Duration
 				for i := 0; i < b.N; i++ {
-					c0 := childCPU()
-					b.StartTimer()
-					res := be.Apply(context.Background(), st, full())
-					b.StopTimer()
-					cpu += childCPU() - c0
+					res := timedApply(b, be, st, full(), &cpu)
 					if res.Err != nil {
 						b.Fatal(res.Err)
 					}
@@ -203,12 +205,7 @@ func BenchmarkUpstreamStyleRestore(b *testing.B) {
 				})
 			}
 			b.Run(fmt.Sprintf("%s/%d/one-endpoint", f, n), func(b *testing.B) {
-				b.StopTimer()
-				wipeIPTables(b)
-				be := benchBackend(b, f)
-				if res := be.Apply(context.Background(), st, full()); res.Err != nil {
-					b.Fatal(res.Err)
-				}
+				syncedBenchBackend(b, f, st) // the table upstream's partial restores start from
 				name := types.NamespacedName{Namespace: "ns0", Name: "svc0"}
 				var cpu time.Duration
 				cur := st
