@@ -49,9 +49,7 @@ func TestPartialSyncsConvergeToFullSync(t *testing.T) {
 	for _, flavour := range []Flavour{FlavourLegacy, FlavourNFT} {
 		t.Run(string(flavour), func(t *testing.T) {
 			cfg := testConfig(model.IPv4)
-			w := featureWorld()
-			b, k, _ := newTestBackend(t, cfg, flavour)
-			mustApply(t, b, w.state(model.IPv4), full())
+			b, k, w := featureBackend(t, flavour)
 
 			steps := []struct {
 				name    string
@@ -232,9 +230,7 @@ func TestHalfTakenUpdateIsWrittenBack(t *testing.T) {
 	for _, flavour := range []Flavour{FlavourLegacy, FlavourNFT} {
 		t.Run(string(flavour), func(t *testing.T) {
 			cfg := testConfig(model.IPv4)
-			w := featureWorld()
-			b, k, _ := newTestBackend(t, cfg, flavour)
-			mustApply(t, b, w.state(model.IPv4), full())
+			b, k, w := featureBackend(t, flavour)
 			lastGood := w.state(model.IPv4)
 
 			// svc3 loses its endpoints: its nat chains go, a filter REJECT comes, and the
@@ -285,9 +281,7 @@ func TestFaultyServiceOption(t *testing.T) {
 // partial sync's -D fails, and the backend falls back to a full sync in the same Apply.
 func TestDriftIsRepairedByAFullSync(t *testing.T) {
 	cfg := testConfig(model.IPv4)
-	w := featureWorld()
-	b, k, _ := newTestBackend(t, cfg, FlavourLegacy)
-	mustApply(t, b, w.state(model.IPv4), full())
+	b, k, w := featureBackend(t, FlavourLegacy)
 	// Someone removes svc1's ClusterIP rule.
 	k.mu.Lock()
 	ch := k.tables[tableNAT].chains[chainServices]
@@ -305,13 +299,20 @@ func TestDriftIsRepairedByAFullSync(t *testing.T) {
 	}
 }
 
+// featureBackend returns a backend of flavour f over a fake kernel, with featureWorld
+// programmed in IPv4 by a full sync.
+func featureBackend(t *testing.T, f Flavour) (*Backend, *fakeKernel, *world) {
+	t.Helper()
+	w := featureWorld()
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), f)
+	mustApply(t, b, w.state(model.IPv4), full())
+	return b, k, w
+}
+
 // TestFlushedTablesAreRewritten: a firewall reload flushes everything; the missing canary
 // makes the next sync full and the rules come back.
 func TestFlushedTablesAreRewritten(t *testing.T) {
-	cfg := testConfig(model.IPv4)
-	w := featureWorld()
-	b, k, _ := newTestBackend(t, cfg, FlavourNFT)
-	mustApply(t, b, w.state(model.IPv4), full())
+	b, k, w := featureBackend(t, FlavourNFT)
 	want := ruleSet(k)
 
 	res := mustApply(t, b, w.state(model.IPv4), changed())
@@ -348,10 +349,8 @@ func TestFlushedTablesAreRewritten(t *testing.T) {
 // duplicate jump.
 func TestStartOverUpstreamRules(t *testing.T) {
 	cfg := testConfig(model.IPv4)
-	w := featureWorld()
 	// What upstream would have programmed, plus a chain of a Service deleted since.
-	up, k, _ := newTestBackend(t, cfg, FlavourLegacy)
-	mustApply(t, up, w.state(model.IPv4), full())
+	_, k, w := featureBackend(t, FlavourLegacy)
 	if f := k.restore("*nat\n:KUBE-SVC-GONEGONEGONEGONE - [0:0]\n:KUBE-SEP-GONEGONEGONEGONE - [0:0]\n" +
 		"-A KUBE-SVC-GONEGONEGONEGONE -j KUBE-SEP-GONEGONEGONEGONE\n" +
 		"-I KUBE-SERVICES 1 -d 172.30.9.9 -p tcp --dport 80 -j KUBE-SVC-GONEGONEGONEGONE\nCOMMIT\n"); f != nil {
