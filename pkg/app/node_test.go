@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +21,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -270,7 +269,7 @@ func TestLocalDetectionMissingIsReported(t *testing.T) {
 				if slices.Contains(tc.wantMissing, f) {
 					want = 1
 				}
-				if got := metricValue(t, metrics.LocalTrafficDetectionMissing.WithLabelValues(f.String())); got != want {
+				if got := metricstest.Value(t, metrics.LocalTrafficDetectionMissing.WithLabelValues(f.String())); got != want {
 					t.Errorf("sluice_local_traffic_detection_missing{%s} = %v, want %v", f, got, want)
 				}
 			}
@@ -284,17 +283,4 @@ func TestLocalDetectionMissingIsReported(t *testing.T) {
 			}
 		})
 	}
-}
-
-// metricValue reads a gauge or counter.
-func metricValue(t *testing.T, m prometheus.Metric) float64 {
-	t.Helper()
-	var out dto.Metric
-	if err := m.Write(&out); err != nil {
-		t.Fatal(err)
-	}
-	if out.Gauge != nil {
-		return out.Gauge.GetValue()
-	}
-	return out.Counter.GetValue()
 }

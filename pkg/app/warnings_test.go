@@ -9,24 +9,25 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 )
 
 func TestStartupWarningsAreLoggedCountedAndReportedOnce(t *testing.T) {
 	logger, logs := bufferLogger()
 	w := newStartupWarnings(logger)
 	w.configFields([]config.FieldWarning{{Kind: config.UnknownField, Path: "iptables.syncPerod"}, {Kind: config.DuplicateField, Path: "mode"}, {Kind: config.UnknownField, Path: "bogus"}})
-	if got := metricValue(t, metrics.ConfigWarnings.WithLabelValues("unknown_field")); got != 2 {
+	if got := metricstest.Value(t, metrics.ConfigWarnings.WithLabelValues("unknown_field")); got != 2 {
 		t.Errorf("sluice_config_warnings{unknown_field} = %v, want 2", got)
 	}
-	if got := metricValue(t, metrics.ConfigWarnings.WithLabelValues("duplicate_field")); got != 1 {
+	if got := metricstest.Value(t, metrics.ConfigWarnings.WithLabelValues("duplicate_field")); got != 1 {
 		t.Errorf("sluice_config_warnings{duplicate_field} = %v, want 1", got)
 	}
 
 	const setting = "net.netfilter.nf_conntrack_tcp_timeout_established"
-	before := metricValue(t, metrics.NodeSetupWarningsTotal.WithLabelValues(setting))
+	before := metricstest.Value(t, metrics.NodeSetupWarningsTotal.WithLabelValues(setting))
 	refused := &os.PathError{Op: "open", Path: "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established", Err: syscall.EROFS}
 	w.settingNotWritten(setting, 3600, refused)
-	if got := metricValue(t, metrics.NodeSetupWarningsTotal.WithLabelValues(setting)) - before; got != 1 {
+	if got := metricstest.Value(t, metrics.NodeSetupWarningsTotal.WithLabelValues(setting)) - before; got != 1 {
 		t.Errorf("sluice_node_setup_warnings_total{setting=%s} grew by %v, want 1", setting, got)
 	}
 	if out := logs.String(); !strings.Contains(out, "Could not change a kernel setting") || !strings.Contains(out, `setting="`+setting+`"`) || !strings.Contains(out, "value=3600") {

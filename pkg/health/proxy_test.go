@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -47,11 +47,7 @@ func get(t *testing.T, h http.Handler, path string) (int, http.Header, string) {
 
 func counter(t *testing.T, vec *prometheus.CounterVec, code string) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := vec.WithLabelValues(code).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
+	return metricstest.Value(t, vec.WithLabelValues(code))
 }
 
 func TestProxyHealthResponses(t *testing.T) {

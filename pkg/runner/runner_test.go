@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 )
 
 // Test conventions: every test drives the runner with a fake clock. fn hands each call to
@@ -278,11 +278,7 @@ func TestPeriodicRunAtMaxInterval(t *testing.T) {
 
 func counterValue(t *testing.T, family, mode, reason string) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := metrics.SyncFailuresTotal.WithLabelValues(family, mode, reason).Write(&m); err != nil {
-		t.Fatalf("reading metric: %v", err)
-	}
-	return m.GetCounter().GetValue()
+	return metricstest.Value(t, metrics.SyncFailuresTotal.WithLabelValues(family, mode, reason))
 }
 
 func TestPanicIsRecoveredCountedAndRetried(t *testing.T) {

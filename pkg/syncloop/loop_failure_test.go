@@ -12,11 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
@@ -57,7 +55,7 @@ func (h *harness) syncAt(t *testing.T, d time.Duration) (model.Changes, bool) {
 
 func gaugeValue(t *testing.T, family string) float64 {
 	t.Helper()
-	return metricValue(t, metrics.ServicesFailed.WithLabelValues(family))
+	return metricstest.Value(t, metrics.ServicesFailed.WithLabelValues(family))
 }
 
 // TestFailedServiceKeepsLastGoodVersionAndBacksOff follows one Service whose update the
@@ -248,7 +246,7 @@ func TestComputePanicKeepsTheServiceAndRetriesIt(t *testing.T) {
 	h.cachesSynced()
 	h.syncAt(t, 0)
 
-	before := metricValue(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic"))
+	before := metricstest.Value(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic"))
 	src.on = true
 	h.add("bad", "10.96.0.2", "10.244.1.9")
 	h.add("good", "10.96.0.1", "10.244.1.5")
@@ -262,7 +260,7 @@ func TestComputePanicKeepsTheServiceAndRetriesIt(t *testing.T) {
 	if h.report.failed[nameBad] != 1 {
 		t.Errorf("the panic was reported %d times", h.report.failed[nameBad])
 	}
-	if got := metricValue(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic")) - before; got != 1 {
+	if got := metricstest.Value(t, metrics.SyncFailuresTotal.WithLabelValues("all", string(dataplane.ModeRecording), "panic")) - before; got != 1 {
 		t.Errorf("sluice_sync_failures_total{reason=panic} grew by %v, want 1", got)
 	}
 
@@ -369,17 +367,4 @@ func TestStopLetsTheSyncInProgressFinish(t *testing.T) {
 			}
 		})
 	}
-}
-
-// metricValue reads a gauge's or a counter's value.
-func metricValue(t *testing.T, g prometheus.Metric) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	if m.Gauge != nil {
-		return m.GetGauge().GetValue()
-	}
-	return m.GetCounter().GetValue()
 }

@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -29,29 +29,29 @@ func TestRuleCountAndFailureMetrics(t *testing.T) {
 		return n
 	}
 	for _, table := range []string{tableNAT, tableFilter} {
-		if got, want := value(metrics.IPTablesRulesTotal.WithLabelValues(table, "IPv4")), float64(count(table)); got != want {
+		if got, want := metricstest.Value(t, metrics.IPTablesRulesTotal.WithLabelValues(table, "IPv4")), float64(count(table)); got != want {
 			t.Errorf("iptables_total{table=%s} = %v, want %v (rules in the kernel)", table, got, want)
 		}
 	}
-	if got := value(metrics.IPTablesRulesLastSync.WithLabelValues(tableNAT, "IPv4")); got < 50 {
+	if got := metricstest.Value(t, metrics.IPTablesRulesLastSync.WithLabelValues(tableNAT, "IPv4")); got < 50 {
 		t.Errorf("iptables_last{table=nat} = %v after a full sync", got)
 	}
 
-	failures := value(metrics.IPTablesRestoreFailuresTotal.WithLabelValues("IPv4"))
-	partial := value(metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4"))
+	failures := metricstest.Value(t, metrics.IPTablesRestoreFailuresTotal.WithLabelValues("IPv4"))
+	partial := metricstest.Value(t, metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4"))
 	k.rejectAtCommit = func(_, _ string, r *fakeRule) bool { return strings.Contains(r.spec, "10.180.2.77") }
 	w.set(fixture.APIService("ns1/svc1", "p80", model.TCP, "172.30.0.41", 80).Endpoints("10.180.2.77:80").Build())
 	res := b.Apply(context.Background(), w.state(model.IPv4), changed("ns1/svc1"))
 	if len(res.Failed) != 1 {
 		t.Fatalf("Failed = %v", res.Failed)
 	}
-	if got := value(metrics.IPTablesRestoreFailuresTotal.WithLabelValues("IPv4")); got <= failures {
+	if got := metricstest.Value(t, metrics.IPTablesRestoreFailuresTotal.WithLabelValues("IPv4")); got <= failures {
 		t.Errorf("restore failures not counted")
 	}
-	if got := value(metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4")); got <= partial {
+	if got := metricstest.Value(t, metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4")); got <= partial {
 		t.Errorf("partial restore failures not counted")
 	}
-	if got, want := value(metrics.IPTablesRulesTotal.WithLabelValues(tableNAT, "IPv4")), float64(count(tableNAT)); got != want {
+	if got, want := metricstest.Value(t, metrics.IPTablesRulesTotal.WithLabelValues(tableNAT, "IPv4")), float64(count(tableNAT)); got != want {
 		t.Errorf("after a partial sync iptables_total{table=nat} = %v, want %v", got, want)
 	}
 }
@@ -111,16 +111,4 @@ func TestNFAcctCountersWhenTheKernelHasThem(t *testing.T) {
 	if strings.Contains(k2.save(""), "nfacct") {
 		t.Errorf("nfacct match written without nfacct in the kernel")
 	}
-}
-
-// value reads a gauge or counter.
-func value(c prometheus.Metric) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	if m.Gauge != nil {
-		return m.Gauge.GetValue()
-	}
-	return m.Counter.GetValue()
 }

@@ -7,11 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -35,7 +34,7 @@ func TestBadServiceDoesNotFailTheOthers(t *testing.T) {
 					return noFault
 				}))
 			family := model.IPv4.String()
-			before := counterValue(metrics.NFTablesSyncFailuresTotal.WithLabelValues(family))
+			before := metricstest.Value(t, metrics.NFTablesSyncFailuresTotal.WithLabelValues(family))
 			ns := takeoverState()
 			res := b.Apply(t.Context(), ns, model.Changes{Full: true})
 			if res.Err != nil {
@@ -45,7 +44,7 @@ func TestBadServiceDoesNotFailTheOthers(t *testing.T) {
 				t.Fatalf("Failed = %v, want just %v", res.Failed, bad)
 			}
 			t.Logf("reported: %v", res.Failed[bad])
-			if after := counterValue(metrics.NFTablesSyncFailuresTotal.WithLabelValues(family)); after != before+1 {
+			if after := metricstest.Value(t, metrics.NFTablesSyncFailuresTotal.WithLabelValues(family)); after != before+1 {
 				t.Errorf("nftables_sync_failures_total went from %v to %v", before, after)
 			}
 			if _, err := tp.tcp(tp.client, netip.Addr{}, ap("172.30.0.10", 80), quick); err != nil {
@@ -85,12 +84,4 @@ func TestInvalidServiceIsReportedNotSent(t *testing.T) {
 	if !strings.Contains(nftList(t, model.IPv4), "172.30.0.11") {
 		t.Error("the valid Services were not programmed")
 	}
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		panic(err)
-	}
-	return m.GetCounter().GetValue()
 }
