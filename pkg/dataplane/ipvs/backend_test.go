@@ -36,7 +36,7 @@ func TestFirstSyncProgramsEveryKindOfFrontend(t *testing.T) {
 		t.Errorf("first Apply was not full")
 	}
 
-	want := strings.Join([]string{
+	wantIPVS(t, k,
 		"TCP 5.6.7.7:443 rr", "  -> 10.180.2.5:8443 1",
 		"TCP 172.30.0.10:80 rr", "  -> 10.180.1.2:8080 1", "  -> 10.180.2.3:8080 1",
 		"TCP 172.30.0.11:80 rr", "  -> 10.180.2.4:8080 1",
@@ -45,10 +45,7 @@ func TestFirstSyncProgramsEveryKindOfFrontend(t *testing.T) {
 		"TCP 192.168.0.2:30080 rr", "  -> 10.180.2.4:8080 1",
 		"TCP 192.168.0.2:30443 rr", "  -> 10.180.2.5:8443 1",
 		"TCP 192.168.99.9:443 rr", "  -> 10.180.2.5:8443 1",
-	}, "\n") + "\n"
-	if diff := cmp.Diff(want, k.dumpIPVS()); diff != "" {
-		t.Errorf("IPVS table (-want +got):\n%s", diff)
-	}
+	)
 	// ClusterIPs, the externalIP and the LB IP are held by the dummy device; NodePorts
 	// listen on the node's own address, which is never bound there.
 	if diff := cmp.Diff([]string{"172.30.0.10", "172.30.0.11", "172.30.0.12", "172.30.0.13", "192.168.99.9", "5.6.7.7"}, k.dummyAddrs()); diff != "" {
@@ -427,14 +424,11 @@ COMMIT
 			t.Errorf("the Service's virtual server was recreated: %s", c)
 		}
 	}
-	wantIPVS := strings.Join([]string{
+	wantIPVS(t, k,
 		"TCP 172.16.0.1:80 rr",
 		"TCP 172.30.0.10:80 rr", "  -> 10.180.2.3:8080 1",
 		"TCP [fd00:172:30::10]:80 rr",
-	}, "\n") + "\n"
-	if diff := cmp.Diff(wantIPVS, k.dumpIPVS()); diff != "" {
-		t.Errorf("IPVS table (-want +got):\n%s", diff)
-	}
+	)
 	if diff := cmp.Diff([]string{"172.30.0.10", "fd00:172:30::10"}, k.dummyAddrs()); diff != "" {
 		t.Errorf("kube-ipvs0 (-want +got):\n%s", diff)
 	}
@@ -895,16 +889,22 @@ func TestIPv6UsesItsOwnSetsAndLeavesIPv4Alone(t *testing.T) {
 			t.Errorf("set %s missing", name)
 		}
 	}
-	want := strings.Join([]string{
+	wantIPVS(t, k,
 		"TCP 172.30.0.10:80 rr", "  -> 10.180.2.3:8080 1",
 		"TCP 192.168.0.2:30080 rr", "  -> 10.180.2.3:8080 1",
 		"TCP [2001:db8::1]:30080 rr", "  -> [fd00:10::3]:8080 1",
 		"TCP [fd00:172:30::10]:80 rr", "  -> [fd00:10::3]:8080 1",
-	}, "\n") + "\n"
-	if diff := cmp.Diff(want, k.dumpIPVS()); diff != "" {
-		t.Errorf("IPVS table (-want +got):\n%s", diff)
-	}
+	)
 	if diff := cmp.Diff([]string{"172.30.0.10", "fd00:172:30::10"}, k.dummyAddrs()); diff != "" {
 		t.Errorf("kube-ipvs0 (-want +got):\n%s", diff)
+	}
+}
+
+// wantIPVS compares the fake kernel's IPVS table (dumpIPVS) with lines, one line each.
+func wantIPVS(t *testing.T, k *fakeKernel, lines ...string) {
+	t.Helper()
+	want := strings.Join(lines, "\n") + "\n"
+	if diff := cmp.Diff(want, k.dumpIPVS()); diff != "" {
+		t.Errorf("IPVS table (-want +got):\n%s", diff)
 	}
 }
