@@ -393,12 +393,9 @@ func (f fakeLinks) Addrs() ([]linkAddr, error) {
 type fakeIPSets struct{ k *fakeKernel }
 
 func (f fakeIPSets) List(name string) (*kernelSet, error) {
-	if err := f.k.check("list-set " + name); err != nil {
+	s, err := f.set("list-set "+name, name)
+	if err != nil {
 		return nil, err
-	}
-	s, ok := f.k.sets[name]
-	if !ok {
-		return nil, kerr(unix.ENOENT, errNotExist)
 	}
 	ks := &kernelSet{Type: s.typ, Entries: map[setEntry]bool{}}
 	if s.typ != typeBitmapPort {
@@ -433,11 +430,8 @@ func (f fakeIPSets) Create(name string, t ipsetType, family model.IPFamily) erro
 
 func (f fakeIPSets) Destroy(name string) error {
 	call := "destroy-set " + name
-	if err := f.k.check(call); err != nil {
+	if _, err := f.set(call, name); err != nil {
 		return err
-	}
-	if _, ok := f.k.sets[name]; !ok {
-		return kerr(unix.ENOENT, errNotExist)
 	}
 	if f.k.setReferenced(name) {
 		return fmt.Errorf("fake ipset: set %s is in use by iptables: %w", name, unix.EBUSY)
@@ -445,6 +439,19 @@ func (f fakeIPSets) Destroy(name string) error {
 	delete(f.k.sets, name)
 	f.k.record(call)
 	return nil
+}
+
+// set checks call against the injected failures and returns the set it names, or the
+// kernel's ENOENT.
+func (f fakeIPSets) set(call, name string) (*fakeSet, error) {
+	if err := f.k.check(call); err != nil {
+		return nil, err
+	}
+	s, ok := f.k.sets[name]
+	if !ok {
+		return nil, kerr(unix.ENOENT, errNotExist)
+	}
+	return s, nil
 }
 
 func (f fakeIPSets) validEntry(s *fakeSet, t ipsetType, e setEntry) error {
@@ -477,12 +484,9 @@ func (f fakeIPSets) validEntry(s *fakeSet, t ipsetType, e setEntry) error {
 
 func (f fakeIPSets) Add(name string, t ipsetType, e setEntry) error {
 	call := "add-entry " + name + " " + e.String()
-	if err := f.k.check(call); err != nil {
+	s, err := f.set(call, name)
+	if err != nil {
 		return err
-	}
-	s, ok := f.k.sets[name]
-	if !ok {
-		return kerr(unix.ENOENT, errNotExist)
 	}
 	if err := f.validEntry(s, t, e); err != nil {
 		return err
@@ -497,12 +501,9 @@ func (f fakeIPSets) Add(name string, t ipsetType, e setEntry) error {
 
 func (f fakeIPSets) Del(name string, t ipsetType, e setEntry) error {
 	call := "del-entry " + name + " " + e.String()
-	if err := f.k.check(call); err != nil {
+	s, err := f.set(call, name)
+	if err != nil {
 		return err
-	}
-	s, ok := f.k.sets[name]
-	if !ok {
-		return kerr(unix.ENOENT, errNotExist)
 	}
 	if !s.entries[e] {
 		return &kernelError{err: errors.New("element missing"), kind: errNotExist}
