@@ -344,13 +344,23 @@ func (k *fakeKernel) NewChain(table, chain string) error {
 	return nil
 }
 
+// chainLocked counts a call of method and returns the chain it names, or iptables' error
+// for a missing chain. k.mu must be held.
+func (k *fakeKernel) chainLocked(method, table, chain string) (*fakeChain, error) {
+	k.calls[method]++
+	ch, ok := k.tables[table].chains[chain]
+	if !ok {
+		return nil, fmt.Errorf("iptables: No chain/target/match by that name")
+	}
+	return ch, nil
+}
+
 func (k *fakeKernel) Exists(table, chain string, spec ...string) (bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.calls["Exists"]++
-	ch, ok := k.tables[table].chains[chain]
-	if !ok {
-		return false, fmt.Errorf("iptables: No chain/target/match by that name")
+	ch, err := k.chainLocked("Exists", table, chain)
+	if err != nil {
+		return false, err
 	}
 	for _, r := range ch.rules {
 		if sameArgs(r.args, spec) {
@@ -363,10 +373,9 @@ func (k *fakeKernel) Exists(table, chain string, spec ...string) (bool, error) {
 func (k *fakeKernel) Insert(table, chain string, pos int, spec ...string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.calls["Insert"]++
-	ch, ok := k.tables[table].chains[chain]
-	if !ok {
-		return fmt.Errorf("iptables: No chain/target/match by that name")
+	ch, err := k.chainLocked("Insert", table, chain)
+	if err != nil {
+		return err
 	}
 	if tgt := targetOf(spec); tgt != "" && !isStandardTarget(tgt) {
 		if _, ok := k.tables[table].chains[tgt]; !ok {
@@ -380,10 +389,9 @@ func (k *fakeKernel) Insert(table, chain string, pos int, spec ...string) error 
 func (k *fakeKernel) List(table, chain string) ([]string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.calls["List"]++
-	ch, ok := k.tables[table].chains[chain]
-	if !ok {
-		return nil, fmt.Errorf("iptables: No chain/target/match by that name")
+	ch, err := k.chainLocked("List", table, chain)
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	if ch.builtin {
