@@ -160,36 +160,33 @@ var errRejected = errors.New("rejected")
 // tcp connects from namespace ns ("" for the node itself) to dst, optionally from src,
 // and returns the server's answer, errRejected or errDropped.
 func (tp *topology) tcp(ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration) (reply, error) {
-	c, err := netnstest.Dial(ns, "tcp", src, dst.String(), timeout)
-	if err != nil {
-		return reply{}, classify(err)
-	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(timeout))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return reply{}, classify(err)
-	}
-	return parseReply(line)
+	return tp.ask("tcp", ns, src, dst, timeout)
 }
 
 // udp sends one datagram from ns to dst and waits for the answer.
 func (tp *topology) udp(ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration) (reply, error) {
-	c, err := netnstest.Dial(ns, "udp", src, dst.String(), timeout)
+	return tp.ask("udp", ns, src, dst, timeout)
+}
+
+// ask connects over network from ns to dst (sending one datagram over UDP) and reads the
+// server's one-line answer.
+func (tp *topology) ask(network, ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration) (reply, error) {
+	c, err := netnstest.Dial(ns, network, src, dst.String(), timeout)
 	if err != nil {
 		return reply{}, classify(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.Write([]byte("hi")); err != nil {
-		return reply{}, classify(err)
+	if network == "udp" {
+		if _, err := c.Write([]byte("hi")); err != nil {
+			return reply{}, classify(err)
+		}
 	}
-	buf := make([]byte, 512)
-	n, err := c.Read(buf)
+	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		return reply{}, classify(err)
 	}
-	return parseReply(string(buf[:n]))
+	return parseReply(line)
 }
 
 // wantTCP connects over TCP from ns ("" for the node; from src when valid) to dst and
@@ -207,11 +204,7 @@ func (tp *topology) wantUDP(t *testing.T, ns string, src netip.Addr, dst netip.A
 
 func (tp *topology) wantAnswer(t *testing.T, network, ns string, src netip.Addr, dst netip.AddrPort, timeout time.Duration, pod string) reply {
 	t.Helper()
-	ask := tp.tcp
-	if network == "udp" {
-		ask = tp.udp
-	}
-	r, err := ask(ns, src, dst, timeout)
+	r, err := tp.ask(network, ns, src, dst, timeout)
 	if err != nil || r.pod != pod {
 		t.Fatalf("%s %v from %q: got %+v, %v; want %s", network, dst, ns, r, err, pod)
 	}
