@@ -149,24 +149,24 @@ func TestRenderIsWhatAFullSyncDoesOnAnEmptyNode(t *testing.T) {
 
 func TestRenderRefusesBadInput(t *testing.T) {
 	state := renderWorld(model.IPv4)
-	for _, tc := range []struct {
-		name     string
-		state    *model.NodeState
-		cfg      func(*dataplane.Config)
+	type badInput struct {
+		fixture.BadRenderInput
 		settings Settings
-		want     string
-	}{
-		{name: "state of the other family", state: state, cfg: func(c *dataplane.Config) { c.Family = model.IPv6 }, want: "want a IPv6 state"},
-		{name: "no state", cfg: func(*dataplane.Config) {}, want: "want a IPv4 state"},
-		{name: "unknown family", state: state, cfg: func(c *dataplane.Config) { c.Family = 5 }, want: "unknown IP family"},
-		{name: "mark bit", state: state, cfg: func(c *dataplane.Config) { c.MasqueradeBit = 40 }, want: "masquerade bit 40"},
-		{name: "scheduler", state: state, cfg: func(*dataplane.Config) {}, settings: Settings{Scheduler: "fastest"}, want: `"fastest" is not an IPVS scheduler`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	}
+	var cases []badInput
+	for _, c := range fixture.BadRenderInputs(state) {
+		cases = append(cases, badInput{BadRenderInput: c})
+	}
+	cases = append(cases,
+		badInput{BadRenderInput: fixture.BadRenderInput{Name: "mark bit", State: state, Config: func(c *dataplane.Config) { c.MasqueradeBit = 40 }, Want: "masquerade bit 40"}},
+		badInput{BadRenderInput: fixture.BadRenderInput{Name: "scheduler", State: state, Config: func(*dataplane.Config) {}, Want: `"fastest" is not an IPVS scheduler`},
+			settings: Settings{Scheduler: "fastest"}})
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			cfg := testConfig(model.IPv4)
-			tc.cfg(&cfg)
-			if _, err := Render(tc.state, cfg, tc.settings, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Render: %v, want an error containing %q", err, tc.want)
+			tc.Config(&cfg)
+			if _, err := Render(tc.State, cfg, tc.settings, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.Want) {
+				t.Errorf("Render: %v, want an error containing %q", err, tc.Want)
 			}
 		})
 	}

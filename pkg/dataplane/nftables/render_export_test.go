@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -71,22 +72,14 @@ func TestRenderNamesServicesItCannotProgram(t *testing.T) {
 
 func TestRenderRefusesBadInput(t *testing.T) {
 	state := examples(model.IPv4)
-	for _, tc := range []struct {
-		name  string
-		state *model.NodeState
-		cfg   func(*dataplane.Config)
-		want  string
-	}{
-		{name: "state of the other family", state: state, cfg: func(c *dataplane.Config) { c.Family = model.IPv6 }, want: "want a IPv6 state"},
-		{name: "no state", cfg: func(*dataplane.Config) {}, want: "want a IPv4 state"},
-		{name: "unknown family", state: state, cfg: func(c *dataplane.Config) { c.Family = 5 }, want: "unknown IP family"},
-		{name: "mark bit", state: state, cfg: func(c *dataplane.Config) { c.MasqueradeBit = -1 }, want: "masquerade bit -1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	cases := append(fixture.BadRenderInputs(state),
+		fixture.BadRenderInput{Name: "mark bit", State: state, Config: func(c *dataplane.Config) { c.MasqueradeBit = -1 }, Want: "masquerade bit -1"})
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
 			cfg := testConfig(model.IPv4)
-			tc.cfg(&cfg)
-			if _, err := Render(tc.state, cfg, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Render: %v, want an error containing %q", err, tc.want)
+			tc.Config(&cfg)
+			if _, err := Render(tc.State, cfg, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.Want) {
+				t.Errorf("Render: %v, want an error containing %q", err, tc.Want)
 			}
 		})
 	}
