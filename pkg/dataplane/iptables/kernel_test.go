@@ -205,6 +205,13 @@ func kApply(t *testing.T, b *Backend, st *model.NodeState, ch model.Changes) dat
 
 var flavours = []Flavour{FlavourLegacy, FlavourNFT}
 
+// eachFlavour runs test as a subtest per iptables flavour, each on a fresh topology.
+func eachFlavour(t *testing.T, test func(t *testing.T, f Flavour, top *kTopology)) {
+	for _, f := range flavours {
+		t.Run(string(f), func(t *testing.T) { test(t, f, newTopology(t)) })
+	}
+}
+
 // kWorld: svc-both (pod-a local, pod-b remote), svc-none (no endpoints, NodePort 30002),
 // svc-local (eTP Local NodePort 30003 with pod-a), svc-remote (eTP Local NodePort 30004
 // with only pod-b), svc-udp, svc-lb (LoadBalancer 5.6.7.8, source ranges).
@@ -223,41 +230,38 @@ func kWorld(sourceRange string) *world {
 }
 
 func TestKernelTraffic(t *testing.T) {
-	for _, f := range flavours {
-		t.Run(string(f), func(t *testing.T) {
-			top := newTopology(t)
-			b := newKernelBackend(t, f)
-			kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
-			c := top.client
-			masqA, masqB := "10.180.1.1", "10.180.2.1"
+	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
+		b := newKernelBackend(t, f)
+		kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
+		c := top.client
+		masqA, masqB := "10.180.1.1", "10.180.2.1"
 
-			expectOneOf(t, "ClusterIP TCP from outside (masqueraded)", c, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
-			expectOneOf(t, "ClusterIP TCP from a pod (source kept)", top.podA, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+kPodA)
-			expectOneOf(t, "ClusterIP TCP from the node", "", "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
-			expect(t, "ClusterIP UDP", top.podA, "udp", "172.30.0.14:80", "pod-b "+kPodA)
-			expectOneOf(t, "NodePort, Cluster policy", c, "tcp", kNodeIP+":30001", "pod-a "+masqA, "pod-b "+masqB)
-			expect(t, "NodePort, Local policy: source kept", c, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
-			expect(t, "no endpoints: ClusterIP refused", c, "tcp", "172.30.0.11:80", "refused")
-			expect(t, "no endpoints: NodePort refused", c, "tcp", kNodeIP+":30002", "refused")
-			expect(t, "Local policy without local endpoints: dropped", c, "tcp", kNodeIP+":30004", "timeout")
-			expect(t, "LoadBalancer IP from an allowed source", c, "tcp", "5.6.7.8:80", "pod-a "+masqA)
+		expectOneOf(t, "ClusterIP TCP from outside (masqueraded)", c, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
+		expectOneOf(t, "ClusterIP TCP from a pod (source kept)", top.podA, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+kPodA)
+		expectOneOf(t, "ClusterIP TCP from the node", "", "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
+		expect(t, "ClusterIP UDP", top.podA, "udp", "172.30.0.14:80", "pod-b "+kPodA)
+		expectOneOf(t, "NodePort, Cluster policy", c, "tcp", kNodeIP+":30001", "pod-a "+masqA, "pod-b "+masqB)
+		expect(t, "NodePort, Local policy: source kept", c, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
+		expect(t, "no endpoints: ClusterIP refused", c, "tcp", "172.30.0.11:80", "refused")
+		expect(t, "no endpoints: NodePort refused", c, "tcp", kNodeIP+":30002", "refused")
+		expect(t, "Local policy without local endpoints: dropped", c, "tcp", kNodeIP+":30004", "timeout")
+		expect(t, "LoadBalancer IP from an allowed source", c, "tcp", "5.6.7.8:80", "pod-a "+masqA)
 
-			// Affinity: every connection of one client goes to the same endpoint.
-			first := expectOneOf(t, "affinity", c, "tcp", "172.30.0.16:80", "pod-a "+masqA, "pod-b "+masqB)
-			for i := 0; i < 8; i++ {
-				expect(t, "affinity again", c, "tcp", "172.30.0.16:80", first)
-			}
+		// Affinity: every connection of one client goes to the same endpoint.
+		first := expectOneOf(t, "affinity", c, "tcp", "172.30.0.16:80", "pod-a "+masqA, "pod-b "+masqB)
+		for i := 0; i < 8; i++ {
+			expect(t, "affinity again", c, "tcp", "172.30.0.16:80", first)
+		}
 
-			// Source ranges: the client's range removed.
-			w := kWorld("203.0.113.0/24")
-			res := kApply(t, b, w.kstate(), changed("ns/lb"))
-			if res.Full {
-				t.Errorf("source range change was a full sync")
-			}
-			expect(t, "LoadBalancer IP from a source outside the ranges", c, "tcp", "5.6.7.8:80", "timeout")
-			expectOneOf(t, "other Service still works after a partial sync", c, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
-		})
-	}
+		// Source ranges: the client's range removed.
+		w := kWorld("203.0.113.0/24")
+		res := kApply(t, b, w.kstate(), changed("ns/lb"))
+		if res.Full {
+			t.Errorf("source range change was a full sync")
+		}
+		expect(t, "LoadBalancer IP from a source outside the ranges", c, "tcp", "5.6.7.8:80", "timeout")
+		expectOneOf(t, "other Service still works after a partial sync", c, "tcp", "172.30.0.10:80", "pod-a "+masqA, "pod-b "+masqB)
+	})
 }
 
 // probe connects to addr from ns every few milliseconds until stopped and counts failures.
@@ -305,94 +309,85 @@ func (p *probe) finish(t *testing.T, what string) {
 }
 
 func TestKernelNoGap(t *testing.T) {
-	for _, f := range flavours {
-		t.Run(string(f), func(t *testing.T) {
-			top := newTopology(t)
-			w := kWorld("192.168.0.0/24")
-			// What kube-proxy (or a previous sluice) left: the same layout, plus a
-			// chain of a Service deleted since.
-			old := newKernelBackend(t, f)
-			kApply(t, old, w.kstate(), full())
-			run(t, "iptables-"+string(f), "-t", "nat", "-N", "KUBE-SVC-GONEGONEGONEGONE")
-			run(t, "iptables-"+string(f), "-t", "nat", "-I", "KUBE-SERVICES", "1", "-d", "172.30.9.9/32", "-p", "tcp", "--dport", "80", "-j", "KUBE-SVC-GONEGONEGONEGONE")
+	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
+		w := kWorld("192.168.0.0/24")
+		// What kube-proxy (or a previous sluice) left: the same layout, plus a
+		// chain of a Service deleted since.
+		old := newKernelBackend(t, f)
+		kApply(t, old, w.kstate(), full())
+		run(t, "iptables-"+string(f), "-t", "nat", "-N", "KUBE-SVC-GONEGONEGONEGONE")
+		run(t, "iptables-"+string(f), "-t", "nat", "-I", "KUBE-SERVICES", "1", "-d", "172.30.9.9/32", "-p", "tcp", "--dport", "80", "-j", "KUBE-SVC-GONEGONEGONEGONE")
 
-			p := startProbe(top.client, "172.30.0.10:80")
-			time.Sleep(50 * time.Millisecond)
-			b := newKernelBackend(t, f)
-			kApply(t, b, w.kstate(), full())
-			// A partial sync of another Service during traffic.
-			w.set(fixture.APIService("ns/udp", "p80", model.UDP, "172.30.0.14", 80).Endpoints(kPodA + ":80@local").Build())
-			if res := kApply(t, b, w.kstate(), changed("ns/udp")); res.Full {
-				t.Errorf("second sync was full")
-			}
-			time.Sleep(50 * time.Millisecond)
-			p.finish(t, "ClusterIP during restart and partial sync")
+		p := startProbe(top.client, "172.30.0.10:80")
+		time.Sleep(50 * time.Millisecond)
+		b := newKernelBackend(t, f)
+		kApply(t, b, w.kstate(), full())
+		// A partial sync of another Service during traffic.
+		w.set(fixture.APIService("ns/udp", "p80", model.UDP, "172.30.0.14", 80).Endpoints(kPodA + ":80@local").Build())
+		if res := kApply(t, b, w.kstate(), changed("ns/udp")); res.Full {
+			t.Errorf("second sync was full")
+		}
+		time.Sleep(50 * time.Millisecond)
+		p.finish(t, "ClusterIP during restart and partial sync")
 
-			out := run(t, "iptables-"+string(f)+"-save", "-t", "nat")
-			if strings.Contains(out, "GONEGONE") {
-				t.Errorf("upstream's stale chain survived")
-			}
-			// Jumps were not duplicated.
-			if n := strings.Count(out, "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"); n != 1 {
-				t.Errorf("%d PREROUTING jumps, want 1:\n%s", n, out)
-			}
-		})
-	}
+		out := run(t, "iptables-"+string(f)+"-save", "-t", "nat")
+		if strings.Contains(out, "GONEGONE") {
+			t.Errorf("upstream's stale chain survived")
+		}
+		// Jumps were not duplicated.
+		if n := strings.Count(out, "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"); n != 1 {
+			t.Errorf("%d PREROUTING jumps, want 1:\n%s", n, out)
+		}
+	})
 }
 
 func TestKernelFlushIsRepaired(t *testing.T) {
-	for _, f := range flavours {
-		t.Run(string(f), func(t *testing.T) {
-			top := newTopology(t)
-			w := kWorld("192.168.0.0/24")
-			b := newKernelBackend(t, f)
-			kApply(t, b, w.kstate(), full())
-			expect(t, "before", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
-			// A firewall reload.
-			for _, table := range []string{"filter", "nat", "mangle"} {
-				run(t, "iptables-"+string(f), "-t", table, "-F")
-				run(t, "iptables-"+string(f), "-t", table, "-X")
-			}
-			// Without rules the node itself answers on the NodePort: nothing listens there.
-			expect(t, "after the flush", top.client, "tcp", kNodeIP+":30003", "refused")
-			res := kApply(t, b, w.kstate(), changed())
-			if !res.Full {
-				t.Errorf("sync after a flush was not full")
-			}
-			expect(t, "repaired", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
-		})
-	}
+	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
+		w := kWorld("192.168.0.0/24")
+		b := newKernelBackend(t, f)
+		kApply(t, b, w.kstate(), full())
+		expect(t, "before", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
+		// A firewall reload.
+		for _, table := range []string{"filter", "nat", "mangle"} {
+			run(t, "iptables-"+string(f), "-t", table, "-F")
+			run(t, "iptables-"+string(f), "-t", table, "-X")
+		}
+		// Without rules the node itself answers on the NodePort: nothing listens there.
+		expect(t, "after the flush", top.client, "tcp", kNodeIP+":30003", "refused")
+		res := kApply(t, b, w.kstate(), changed())
+		if !res.Full {
+			t.Errorf("sync after a flush was not full")
+		}
+		expect(t, "repaired", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
+	})
 }
 
 func TestKernelFailingServiceIsIsolated(t *testing.T) {
 	bad := types.NamespacedName{Namespace: "ns", Name: "local"}
-	for _, f := range flavours {
-		t.Run(string(f), func(t *testing.T) {
-			top := newTopology(t)
-			w := kWorld("192.168.0.0/24")
-			b := newKernelBackend(t, f, withFaultyServices(bad))
-			res := b.Apply(context.Background(), w.kstate(), full())
-			if res.Err != nil {
-				t.Fatalf("Apply: %v", res.Err)
-			}
-			if len(res.Failed) != 1 || res.Failed[bad] == nil {
-				t.Fatalf("Failed = %v, want %v", res.Failed, bad)
-			}
-			t.Logf("kernel refused %v: %v (%d restores)", bad, res.Failed[bad], b.LastStats().Restores)
-			expect(t, "failed Service is not programmed", top.client, "tcp", kNodeIP+":30003", "refused")
-			expect(t, "others work", top.client, "udp", "172.30.0.14:80", "pod-b 10.180.2.1")
-			expectOneOf(t, "others work", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1", "pod-b 10.180.2.1")
+	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
+		w := kWorld("192.168.0.0/24")
+		b := newKernelBackend(t, f, withFaultyServices(bad))
+		res := b.Apply(context.Background(), w.kstate(), full())
+		if res.Err != nil {
+			t.Fatalf("Apply: %v", res.Err)
+		}
+		if len(res.Failed) != 1 || res.Failed[bad] == nil {
+			t.Fatalf("Failed = %v, want %v", res.Failed, bad)
+		}
+		t.Logf("kernel refused %v: %v (%d restores)", bad, res.Failed[bad], b.LastStats().Restores)
+		expect(t, "failed Service is not programmed", top.client, "tcp", kNodeIP+":30003", "refused")
+		expect(t, "others work", top.client, "udp", "172.30.0.14:80", "pod-b 10.180.2.1")
+		expectOneOf(t, "others work", top.client, "tcp", "172.30.0.10:80", "pod-a 10.180.1.1", "pod-b 10.180.2.1")
 
-			// Retried on the next sync (the loop marks it changed): still isolated,
-			// partial, and a change elsewhere goes through.
-			w.set(fixture.APIService("ns/none", "p80", model.TCP, "172.30.0.11", 80).NodePort(30002).Endpoints(kPodB + ":80").Build())
-			res = b.Apply(context.Background(), w.kstate(), changed("ns/local", "ns/none"))
-			if res.Err != nil || res.Full || len(res.Failed) != 1 {
-				t.Fatalf("retry: err=%v full=%v failed=%v", res.Err, res.Full, res.Failed)
-			}
-			expect(t, "change next to a failing Service", top.client, "tcp", "172.30.0.11:80", "pod-b 10.180.2.1")
-		})
-	}
+		// Retried on the next sync (the loop marks it changed): still isolated,
+		// partial, and a change elsewhere goes through.
+		w.set(fixture.APIService("ns/none", "p80", model.TCP, "172.30.0.11", 80).NodePort(30002).Endpoints(kPodB + ":80").Build())
+		res = b.Apply(context.Background(), w.kstate(), changed("ns/local", "ns/none"))
+		if res.Err != nil || res.Full || len(res.Failed) != 1 {
+			t.Fatalf("retry: err=%v full=%v failed=%v", res.Err, res.Full, res.Failed)
+		}
+		expect(t, "change next to a failing Service", top.client, "tcp", "172.30.0.11:80", "pod-b 10.180.2.1")
+	})
 }
 
 func TestKernelCleanupLeavesNothing(t *testing.T) {
@@ -475,54 +470,51 @@ func TestKernelIPv6(t *testing.T) {
 func TestKernelNoEndpointsRefusedAtOnce(t *testing.T) {
 	const nodeIPv6, clientIPv6 = "2001:db8::1", "2001:db8::10"
 	families := []model.IPFamily{model.IPv4, model.IPv6}
-	for _, f := range flavours {
-		t.Run(string(f), func(t *testing.T) {
-			top := newTopology(t)
-			run(t, "ip", "-6", "addr", "add", nodeIPv6+"/64", "dev", "vc", "nodad")
-			run(t, "ip", "-n", top.client, "-6", "addr", "add", clientIPv6+"/64", "dev", "eth0", "nodad")
-			run(t, "ip", "-n", top.client, "-6", "route", "add", "default", "via", nodeIPv6)
-			run(t, "ip", "-6", "route", "replace", "fd00:172:30::/112", "via", clientIPv6)
-			run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
+		run(t, "ip", "-6", "addr", "add", nodeIPv6+"/64", "dev", "vc", "nodad")
+		run(t, "ip", "-n", top.client, "-6", "addr", "add", clientIPv6+"/64", "dev", "eth0", "nodad")
+		run(t, "ip", "-n", top.client, "-6", "route", "add", "default", "via", nodeIPv6)
+		run(t, "ip", "-6", "route", "replace", "fd00:172:30::/112", "via", clientIPv6)
+		run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 
-			w := &world{}
-			w.add(fixture.APIService("ns/v4", "p80", model.TCP, "172.30.0.40", 80).NodePort(30040).Build())
-			w.add(fixture.APIService("ns/v4udp", "p80", model.UDP, "172.30.0.41", 53).NodePort(30041).Build())
-			w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::40", 80).NodePort(30042).Build())
-			w.add(fixture.APIService("ns/v6udp", "p80", model.UDP, "fd00:172:30::41", 53).NodePort(30043).Build())
-			w.add(fixture.APIService("ns/dual", "p80", model.TCP, "172.30.0.42", 80).NodePort(30044).DualStack("fd00:172:30::42").Build())
-			node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr(kNodeIP), netip.MustParseAddr(nodeIPv6)}}
-			states := model.Compute(w.services, w.slices, node, nil, model.Options{Families: families})
-			for _, fam := range families {
-				b, err := New(context.Background(), testConfig(fam), WithFlavour(f))
-				if err != nil {
-					t.Fatal(err)
-				}
-				kApply(t, b, states[fam], full())
+		w := &world{}
+		w.add(fixture.APIService("ns/v4", "p80", model.TCP, "172.30.0.40", 80).NodePort(30040).Build())
+		w.add(fixture.APIService("ns/v4udp", "p80", model.UDP, "172.30.0.41", 53).NodePort(30041).Build())
+		w.add(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::40", 80).NodePort(30042).Build())
+		w.add(fixture.APIService("ns/v6udp", "p80", model.UDP, "fd00:172:30::41", 53).NodePort(30043).Build())
+		w.add(fixture.APIService("ns/dual", "p80", model.TCP, "172.30.0.42", 80).NodePort(30044).DualStack("fd00:172:30::42").Build())
+		node := model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr(kNodeIP), netip.MustParseAddr(nodeIPv6)}}
+		states := model.Compute(w.services, w.slices, node, nil, model.Options{Families: families})
+		for _, fam := range families {
+			b, err := New(context.Background(), testConfig(fam), WithFlavour(f))
+			if err != nil {
+				t.Fatal(err)
 			}
+			kApply(t, b, states[fam], full())
+		}
 
-			for _, tc := range []struct{ what, network, addr string }{
-				{"IPv4 ClusterIP", "tcp", "172.30.0.40:80"},
-				{"IPv4 NodePort", "tcp", kNodeIP + ":30040"},
-				{"IPv4 UDP ClusterIP", "udp", "172.30.0.41:53"},
-				{"IPv4 UDP NodePort", "udp", kNodeIP + ":30041"},
-				{"IPv6 ClusterIP", "tcp", "[fd00:172:30::40]:80"},
-				{"IPv6 NodePort", "tcp", "[" + nodeIPv6 + "]:30042"},
-				{"IPv6 UDP ClusterIP", "udp", "[fd00:172:30::41]:53"},
-				{"IPv6 UDP NodePort", "udp", "[" + nodeIPv6 + "]:30043"},
-				{"dual-stack ClusterIP, IPv4", "tcp", "172.30.0.42:80"},
-				{"dual-stack ClusterIP, IPv6", "tcp", "[fd00:172:30::42]:80"},
-				{"dual-stack NodePort, IPv4", "tcp", kNodeIP + ":30044"},
-				{"dual-stack NodePort, IPv6", "tcp", "[" + nodeIPv6 + "]:30044"},
-			} {
-				expect(t, tc.what+" from another host", top.client, tc.network, tc.addr, "refused")
-				if tc.network == "tcp" {
-					// An ICMP error would reach the node's own socket while connect()
-					// holds it, and count for nothing until the retransmit.
-					expect(t, tc.what+" from the node", "", tc.network, tc.addr, "refused")
-				}
+		for _, tc := range []struct{ what, network, addr string }{
+			{"IPv4 ClusterIP", "tcp", "172.30.0.40:80"},
+			{"IPv4 NodePort", "tcp", kNodeIP + ":30040"},
+			{"IPv4 UDP ClusterIP", "udp", "172.30.0.41:53"},
+			{"IPv4 UDP NodePort", "udp", kNodeIP + ":30041"},
+			{"IPv6 ClusterIP", "tcp", "[fd00:172:30::40]:80"},
+			{"IPv6 NodePort", "tcp", "[" + nodeIPv6 + "]:30042"},
+			{"IPv6 UDP ClusterIP", "udp", "[fd00:172:30::41]:53"},
+			{"IPv6 UDP NodePort", "udp", "[" + nodeIPv6 + "]:30043"},
+			{"dual-stack ClusterIP, IPv4", "tcp", "172.30.0.42:80"},
+			{"dual-stack ClusterIP, IPv6", "tcp", "[fd00:172:30::42]:80"},
+			{"dual-stack NodePort, IPv4", "tcp", kNodeIP + ":30044"},
+			{"dual-stack NodePort, IPv6", "tcp", "[" + nodeIPv6 + "]:30044"},
+		} {
+			expect(t, tc.what+" from another host", top.client, tc.network, tc.addr, "refused")
+			if tc.network == "tcp" {
+				// An ICMP error would reach the node's own socket while connect()
+				// holds it, and count for nothing until the retransmit.
+				expect(t, tc.what+" from the node", "", tc.network, tc.addr, "refused")
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestKernelRemovesOtherModesLeftovers switches a node from every other mode at once:
