@@ -22,8 +22,6 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -265,47 +263,25 @@ func TestKernelTraffic(t *testing.T) {
 }
 
 // probe connects to addr from ns every few milliseconds until stopped and counts failures.
-type probe struct {
-	ok, failed atomic.Int64
-	lastErr    atomic.Value
-	stop       chan struct{}
-	done       sync.WaitGroup
-}
+type probe struct{ *netnstest.Prober }
 
 func startProbe(ns, addr string) *probe {
-	p := &probe{stop: make(chan struct{})}
-	p.done.Add(1)
-	go func() {
-		defer p.done.Done()
-		for {
-			select {
-			case <-p.stop:
-				return
-			default:
-			}
-			if _, err := dial(ns, "tcp", addr, time.Second); err != nil {
-				p.failed.Add(1)
-				p.lastErr.Store(err.Error())
-			} else {
-				p.ok.Add(1)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-	}()
-	return p
+	return &probe{netnstest.StartProber(2*time.Millisecond, func() error {
+		_, err := dial(ns, "tcp", addr, time.Second)
+		return err
+	})}
 }
 
 func (p *probe) finish(t *testing.T, what string) {
 	t.Helper()
-	close(p.stop)
-	p.done.Wait()
-	if p.failed.Load() > 0 {
-		t.Errorf("%s: %d of %d connections failed (last: %v)", what, p.failed.Load(), p.failed.Load()+p.ok.Load(), p.lastErr.Load())
+	ok, failed, lastErr := p.Stop()
+	if failed > 0 {
+		t.Errorf("%s: %d of %d connections failed (last: %v)", what, failed, failed+ok, lastErr)
 	}
-	if p.ok.Load() < 3 {
-		t.Errorf("%s: only %d connections made", what, p.ok.Load())
+	if ok < 3 {
+		t.Errorf("%s: only %d connections made", what, ok)
 	}
-	t.Logf("%s: %d connections, none failed", what, p.ok.Load())
+	t.Logf("%s: %d connections, none failed", what, ok)
 }
 
 func TestKernelNoGap(t *testing.T) {

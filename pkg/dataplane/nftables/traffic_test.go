@@ -6,14 +6,13 @@ import (
 	"net/netip"
 	"os/exec"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/netnstest"
 )
 
 const (
@@ -194,55 +193,29 @@ func TestTrafficIPv6(t *testing.T) {
 }
 
 // prober connects to a Service over and over, counting failures, until stopped.
-type prober struct {
-	ok, failed atomic.Int64
-	lastErr    atomic.Value
-	stop       chan struct{}
-	wg         sync.WaitGroup
-}
+type prober struct{ *netnstest.Prober }
 
 func startProber(tp *topology, ns string, tcp, udp netip.AddrPort) *prober {
-	p := &prober{stop: make(chan struct{})}
-	run := func(fn func() error) {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			for {
-				select {
-				case <-p.stop:
-					return
-				default:
-				}
-				if err := fn(); err != nil {
-					p.failed.Add(1)
-					p.lastErr.Store(err.Error())
-				} else {
-					p.ok.Add(1)
-				}
-				time.Sleep(time.Millisecond)
-			}
-		}()
-	}
+	var probes []func() error
 	if tcp.IsValid() {
-		run(func() error { _, err := tp.tcp(ns, netip.Addr{}, tcp, time.Second); return err })
+		probes = append(probes, func() error { _, err := tp.tcp(ns, netip.Addr{}, tcp, time.Second); return err })
 	}
 	if udp.IsValid() {
-		run(func() error { _, err := tp.udp(ns, netip.Addr{}, udp, time.Second); return err })
+		probes = append(probes, func() error { _, err := tp.udp(ns, netip.Addr{}, udp, time.Second); return err })
 	}
-	return p
+	return &prober{netnstest.StartProber(time.Millisecond, probes...)}
 }
 
 // finish stops the prober and fails the test if any probe failed.
 func (p *prober) finish(t *testing.T) {
 	t.Helper()
-	close(p.stop)
-	p.wg.Wait()
-	if n := p.failed.Load(); n > 0 {
-		t.Errorf("%d of %d probes failed (last: %v)", n, n+p.ok.Load(), p.lastErr.Load())
+	ok, failed, lastErr := p.Stop()
+	if failed > 0 {
+		t.Errorf("%d of %d probes failed (last: %v)", failed, failed+ok, lastErr)
 	} else {
-		t.Logf("%d probes, none failed", p.ok.Load())
+		t.Logf("%d probes, none failed", ok)
 	}
-	if p.ok.Load() == 0 {
+	if ok == 0 {
 		t.Error("no probe ran")
 	}
 }
