@@ -14,8 +14,9 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink/nl"
+
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 )
 
 // Conventions: the recorded answers in testdata/stats-*.hex come from a 2-CPU kernel (see
@@ -241,12 +242,7 @@ func TestCountersCarryWrapArounds(t *testing.T) {
 // collected returns what m exports, by metric name.
 func collected(t *testing.T, m *Monitor) map[string]float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(m)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := metricstest.Collect(t, m)
 	out := map[string]float64{}
 	for _, f := range families {
 		for _, s := range f.GetMetric() {

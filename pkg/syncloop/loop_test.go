@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +19,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/recording"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
+	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
@@ -332,12 +332,7 @@ func TestSyncFailureSeriesExistBeforeTheFirstFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(metrics.SyncFailuresTotal)
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := metricstest.Collect(t, metrics.SyncFailuresTotal)
 	got := map[string]float64{}
 	for _, mf := range families {
 		for _, m := range mf.GetMetric() {

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
@@ -87,12 +85,7 @@ func TestNFAcctCountersWhenTheKernelHasThem(t *testing.T) {
 	}
 	acct[nfacctInvalidDropped] = 7
 	acct[nfacctLocalhostAccept] = 3
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(&nfacctCollector{client: acct, localhostNodePorts: true})
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := metricstest.Collect(t, &nfacctCollector{client: acct, localhostNodePorts: true})
 	got := map[string]float64{}
 	for _, f := range families {
 		got[f.GetName()] = f.GetMetric()[0].GetCounter().GetValue()

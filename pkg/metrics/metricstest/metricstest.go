@@ -21,3 +21,16 @@ func Value(t testing.TB, m prometheus.Metric) float64 {
 	}
 	return out.Counter.GetValue()
 }
+
+// Collect registers c with a new pedantic registry (which also checks that what c
+// collects matches what it describes) and returns what the registry gathers.
+func Collect(t testing.TB, c prometheus.Collector) []*dto.MetricFamily {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
+}
