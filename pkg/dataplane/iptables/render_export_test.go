@@ -156,13 +156,8 @@ func TestRenderRefusesBadInput(t *testing.T) {
 	state := featureWorld().state(model.IPv4)
 	cases := append(fixture.BadRenderInputs(state),
 		fixture.BadRenderInput{Name: "mark bit", State: state, Config: func(c *dataplane.Config) { c.MasqueradeBit = 32 }, Want: "masquerade bit 32"})
-	for _, tc := range cases {
-		t.Run(tc.Name, func(t *testing.T) {
-			cfg := testConfig(model.IPv4)
-			tc.Config(&cfg)
-			if _, err := Render(tc.State, cfg, RenderOptions{}); err == nil || !strings.Contains(err.Error(), tc.Want) {
-				t.Errorf("Render: %v, want an error containing %q", err, tc.Want)
-			}
-		})
-	}
+	fixture.WantRenderRefusals(t, testConfig(model.IPv4), cases, func(st *model.NodeState, cfg dataplane.Config) error {
+		_, err := Render(st, cfg, RenderOptions{})
+		return err
+	})
 }
