@@ -44,13 +44,7 @@ func Dial(ns, network string, src netip.Addr, addr string, timeout time.Duration
 func ServeTCP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string) {
 	t.Helper()
 	var ln net.Listener
-	if err := In(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
-		t.Fatalf("listening on tcp %s in %s: %v", addr, ns, err)
-	}
+	listenIn(t, ns, "tcp", addr, func() (err error) { ln, err = net.Listen("tcp", addr); return err })
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
 		for {
@@ -60,6 +54,7 @@ func ServeTCP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string
 			}
 			go func() {
 				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 				fmt.Fprint(c, answer(c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()))
 			}()
 		}
@@ -71,13 +66,7 @@ func ServeTCP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string
 func ServeUDP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string) {
 	t.Helper()
 	var pc net.PacketConn
-	if err := In(ns, func() error {
-		var err error
-		pc, err = net.ListenPacket("udp", addr)
-		return err
-	}); err != nil {
-		t.Fatalf("listening on udp %s in %s: %v", addr, ns, err)
-	}
+	listenIn(t, ns, "udp", addr, func() (err error) { pc, err = net.ListenPacket("udp", addr); return err })
 	t.Cleanup(func() { _ = pc.Close() })
 	go func() {
 		buf := make([]byte, 1500)
@@ -89,4 +78,13 @@ func ServeUDP(t testing.TB, ns, addr string, answer func(peer netip.Addr) string
 			_, _ = pc.WriteTo([]byte(answer(from.(*net.UDPAddr).AddrPort().Addr().Unmap())), from)
 		}
 	}()
+}
+
+// listenIn runs open (which opens a listener on network addr) in namespace ns and fails
+// the test if it fails.
+func listenIn(t testing.TB, ns, network, addr string, open func() error) {
+	t.Helper()
+	if err := In(ns, open); err != nil {
+		t.Fatalf("listening on %s %s in %s: %v", network, addr, ns, err)
+	}
 }
