@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"sort"
 	"strings"
@@ -303,26 +304,7 @@ func TestIPVSForwardsConnectionsToRealServers(t *testing.T) {
 // serveName listens on addr inside the named namespace and answers every connection with name.
 func serveName(t *testing.T, ns, addr, name string) {
 	t.Helper()
-	var ln net.Listener
-	if err := netnstest.Do(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
-		t.Fatalf("listening on %s in %s: %v", addr, ns, err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _ = io.WriteString(conn, name)
-			_ = conn.Close()
-		}
-	}()
+	netnstest.ServeTCP(t, ns, addr, func(netip.Addr) string { return name })
 }
 
 // fetch opens a TCP connection to addr from the named namespace and returns what the server
