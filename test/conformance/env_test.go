@@ -570,7 +570,12 @@ func (e *env) namespace(t testing.TB) string {
 		name = name[:50]
 	}
 	name = fmt.Sprintf("%s-%d", strings.Trim(name, "-"), e.nsSeq.Add(1))
-	_, err := e.kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	namespaces := e.kube.CoreV1().Namespaces()
+	_, err := createOrFind(
+		func() (*corev1.Namespace, error) {
+			return namespaces.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+		},
+		func() (*corev1.Namespace, error) { return namespaces.Get(t.Context(), name, metav1.GetOptions{}) })
 	if err != nil {
 		t.Fatalf("creating namespace %s: %v", name, err)
 	}
@@ -608,11 +613,44 @@ func service(ns, name string, typ corev1.ServiceType, ports ...corev1.ServicePor
 func (e *env) createService(t testing.TB, f family, svc *corev1.Service) *corev1.Service {
 	svc.Spec.IPFamilies = f.families
 	svc.Spec.IPFamilyPolicy = ptr.To(f.policy)
-	created, err := e.kube.CoreV1().Services(svc.Namespace).Create(t.Context(), svc, metav1.CreateOptions{})
+	services := e.kube.CoreV1().Services(svc.Namespace)
+	created, err := createOrFind(
+		func() (*corev1.Service, error) { return services.Create(t.Context(), svc, metav1.CreateOptions{}) },
+		func() (*corev1.Service, error) { return services.Get(t.Context(), svc.Name, metav1.GetOptions{}) })
 	if err != nil {
 		t.Fatalf("creating Service %s/%s: %v", svc.Namespace, svc.Name, err)
 	}
 	return created
+}
+
+// createAttempts bounds the creates of one object that kube-apiserver times out. Under
+// emulation (the IPVS VM, no KVM) a busy apiserver now and then answers a create with
+// "Timeout: request did not complete within requested timeout" (the 2026-12-02 CI run:
+// one of ~500 Services), and the write may or may not have happened.
+const createAttempts = 3
+
+// createOrFind calls create; when kube-apiserver timed the request out, it looks the
+// object up with get (the write may have happened) before creating it again. Any other
+// error, and AlreadyExists on the first attempt (a real name clash), is returned as is.
+func createOrFind[T any](create, get func() (T, error)) (T, error) {
+	var zero T
+	var err error
+	for attempt := range createAttempts {
+		var obj T
+		obj, err = create()
+		switch {
+		case err == nil:
+			return obj, nil
+		case attempt > 0 && apierrors.IsAlreadyExists(err):
+			return get() // the timed-out attempt's write landed after the lookup
+		case !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err):
+			return zero, err
+		}
+		if obj, getErr := get(); getErr == nil {
+			return obj, nil
+		}
+	}
+	return zero, fmt.Errorf("%d attempts timed out: %w", createAttempts, err)
 }
 
 // updateService applies change to the current Service and writes it back.
