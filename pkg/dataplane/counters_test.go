@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"errors"
+	"slices"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -101,5 +103,62 @@ func TestCounterIndexMergesChainsOfASeries(t *testing.T) {
 		if c != want[c.Path] {
 			t.Errorf("Resolve %s = %+v, want %+v", c.Path, c, want[c.Path])
 		}
+	}
+}
+
+// clockedReader returns one more new connection at each read, and moves the collector's
+// clock on by took while it reads.
+type clockedReader struct {
+	series CounterSeries
+	now    *time.Time
+	took   time.Duration
+	reads  uint64
+}
+
+func (r *clockedReader) ReadTrafficCounters() ([]TrafficCount, error) {
+	r.reads++
+	*r.now = r.now.Add(r.took)
+	return []TrafficCount{count(r.series, r.reads)}, nil
+}
+
+// TestCollectorBoundsReadTime: a read slower than cheapRead is reused by the scrapes of
+// the next readSpacing times its duration, so reads take at most a tenth of the time; a
+// cheap read is repeated on every scrape.
+func TestCollectorBoundsReadTime(t *testing.T) {
+	web := CounterSeries{Port: model.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "web"}, Port: "http", Protocol: model.TCP}, Path: PathCluster}
+	for _, tc := range []struct {
+		name string
+		took time.Duration
+		// gap is the time between the end of a scrape and the next one.
+		gap time.Duration
+		// want is the new connections each of five scrapes exports.
+		want []uint64
+	}{
+		{"cheap reads: every scrape reads", 5 * time.Millisecond, 0, []uint64{1, 2, 3, 4, 5}},
+		{"a 2 s read is reused for 20 s", 2 * time.Second, 5 * time.Second, []uint64{1, 1, 1, 1, 2}},
+		{"scrapes further apart than the spacing all read", 2 * time.Second, 19 * time.Second, []uint64{1, 2, 3, 4, 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			r := &clockedReader{series: web, now: &now, took: tc.took}
+			c := NewTrafficCounterCollector(klog.Background(), r)
+			c.now = func() time.Time { return now }
+			var got []uint64
+			for range tc.want {
+				read := c.Read()
+				if len(read) != 1 {
+					t.Fatalf("read %v, want one series", read)
+				}
+				got = append(got, read[0].NewConnections)
+				now = now.Add(tc.gap)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("scrapes exported %v, want %v", got, tc.want)
+			}
+			busy := time.Duration(r.reads) * tc.took
+			if total := now.Sub(time.Unix(1000, 0)); tc.took >= cheapRead && busy*readSpacing > total+readSpacing*tc.took {
+				t.Errorf("reads took %v of %v", busy, total)
+			}
+		})
 	}
 }
