@@ -18,9 +18,12 @@ import (
 
 // BenchmarkReadTrafficCounters: one read of the traffic counters (what a scrape costs)
 // with 10 000 Services x 10 endpoints in the tables, all counted or 10 of them, in both
-// flavours. A read is one `iptables -S CHAIN 1 -v` per counted nat path chain up to 64,
-// else one `iptables-save -c -t nat`, and one `iptables-save -c -t mangle` for the
-// packet counters. child-cpu-s/op is the CPU the iptables programs used.
+// flavours. A read is, in the nft flavour, one netlink request per counted chain (nat
+// and mangle); in the legacy flavour one `iptables-legacy-save -c` of nat and one of
+// mangle. child-cpu-s/op is the CPU the iptables programs used, self-cpu-s/op this
+// process's (the netlink reads and parsing). It also logs the first full sync, and
+// times an endpoint change of a counted Service (partial-sync-ms: no sync reads
+// counters any more).
 func BenchmarkReadTrafficCounters(b *testing.B) {
 	const services = 10000
 	st := scaleState(services, 10)
@@ -42,12 +45,13 @@ func BenchmarkReadTrafficCounters(b *testing.B) {
 				}
 				b.Logf("%s: full sync with %d counted: %v", f, counted, time.Since(start))
 				var series int
-				var cpu time.Duration
+				var cpu, self time.Duration
 				b.ResetTimer()
 				for b.Loop() {
-					c0 := childCPU()
+					c0, s0 := childCPU(), selfCPU()
 					counts, err := be.ReadTrafficCounters()
 					cpu += childCPU() - c0
+					self += selfCPU() - s0
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -63,6 +67,14 @@ func BenchmarkReadTrafficCounters(b *testing.B) {
 				}
 				b.ReportMetric(float64(series), "series")
 				b.ReportMetric(cpu.Seconds()/float64(b.N), "child-cpu-s/op")
+				b.ReportMetric(self.Seconds()/float64(b.N), "self-cpu-s/op")
+				b.StopTimer()
+				// ns0/svc0 is counted in both cases.
+				start = time.Now()
+				if res := be.Apply(context.Background(), countertest.Counted(moveOneEndpoint(st, 1), only...), changed("ns0/svc0")); res.Err != nil || res.Full {
+					b.Fatalf("Apply: %v (full %v)", res.Err, res.Full)
+				}
+				b.ReportMetric(float64(time.Since(start).Microseconds())/1000, "partial-sync-ms")
 			})
 		}
 	}

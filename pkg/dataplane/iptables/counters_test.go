@@ -210,3 +210,39 @@ func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestTracedConnectionsCountOnTheirPathChains follows first packets through nat: a
+// connection counts once on the counter chain of each path chain it goes through (a
+// ClusterIP: cluster, or local under internalTrafficPolicy Local; a NodePort: external,
+// then the path its policy picks), and not at all without endpoints.
+func TestTracedConnectionsCountOnTheirPathChains(t *testing.T) {
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
+	st := featureWorld().state(model.IPv4)
+	env := &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}
+	pkt := func(src netip.Addr, dst string, proto string, port int) packet {
+		return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
+	}
+	mustApply(t, b, st, full())
+	if got := env.newConnections(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
+		t.Fatalf("nothing counted, yet a connection went through %v", got)
+	}
+	mustApply(t, b, countertest.Counted(st), full())
+	local := pkt(nodeIP, "172.30.0.49", "tcp", 80)
+	local.iif, local.local = "", true
+	svc3 := portHash("ns3/svc3:p80", "tcp")
+	for _, tc := range []struct {
+		name string
+		pkt  packet
+		want []string
+	}{
+		{"ClusterIP", pkt(outside, "172.30.0.41", "tcp", 80), []string{prefixNewConnCluster + portHash("ns1/svc1:p80", "tcp")}},
+		{"UDP ClusterIP", pkt(outside, "172.30.0.53", "udp", 53), []string{prefixNewConnCluster + portHash("ns11/dns:p80", "udp")}},
+		{"ClusterIP without endpoints", pkt(outside, "172.30.0.42", "tcp", 80), nil},
+		{"NodePort", pkt(outside, nodeIP.String(), "tcp", 3003), []string{prefixNewConnExternal + svc3, prefixNewConnCluster + svc3}},
+		{"from the node to a Local-policy ClusterIP", local, []string{prefixNewConnLocal + portHash("ns8/svc8:p80", "tcp")}},
+	} {
+		if got := env.newConnections(tc.pkt); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: counted by %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
