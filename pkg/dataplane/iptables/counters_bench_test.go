@@ -87,66 +87,73 @@ func BenchmarkReadTrafficCounters(b *testing.B) {
 // both alike). Its packets walk every rule of SLUICE-SERVICE-PACKETS while counting is on:
 // the worst case of the dispatch chain's linear cost (README, "Traffic counters").
 func BenchmarkPacketCountersCost(b *testing.B) {
-	const services, rounds, trips = 2000, 4, 1000
+	const rounds, trips = 4, 1000
 	for _, f := range flavours {
-		b.Run(fmt.Sprintf("%s/services=%d", f, services), func(b *testing.B) {
-			top := newTopology(b)
-			be := benchBackend(b, f)
-			w := &world{}
-			w.add(fixture.APIService("ns/web", "p80", model.TCP, "172.30.0.10", 80).Endpoints(kPodA + ":80@local").Build())
-			w.add(fixture.APIService("ns/dns", "p80", model.UDP, "172.30.0.10", 80).Endpoints(kPodA + ":80@local").Build())
-			st := scaleState(services, 1)
-			ws := w.kstate()
-			for name := range ws.ServiceNames() {
-				st.SetService(name, ws.PortsOf(name), nil)
-			}
-			var others []string
-			for name := range st.ServiceNames() {
-				if name.Namespace != "ns" {
-					others = append(others, name.String())
-				}
-			}
-			var conn net.Conn
-			if err := netnstest.Do(top.client, func() error {
-				var err error
-				conn, err = net.Dial("udp", "172.30.0.10:80")
-				return err
-			}); err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Close()
-			buf := make([]byte, 100)
-			lat := map[bool][]time.Duration{}
-			for r := 0; r < 2*rounds; r++ {
-				on := r%2 == 1
-				next := countertest.Counted(st, "none/none")
-				if on {
-					next = countertest.Counted(st, others...)
-				}
-				if res := be.Apply(context.Background(), next, full()); res.Err != nil || len(res.Failed) > 0 {
-					b.Fatalf("Apply: %v %v", res.Err, res.Failed)
-				}
-				for i := 0; i < trips; i++ {
-					_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-					t0 := time.Now()
-					if _, err := conn.Write([]byte("hi")); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := conn.Read(buf); err != nil {
-						b.Fatal(err)
-					}
-					lat[on] = append(lat[on], time.Since(t0))
-				}
-			}
-			p50 := func(d []time.Duration) time.Duration {
-				slices.Sort(d)
-				return d[len(d)/2]
-			}
-			off, on := p50(lat[false]), p50(lat[true])
-			b.ReportMetric(float64(off.Microseconds()), "off-p50-µs")
-			b.ReportMetric(float64(on.Microseconds()), "on-p50-µs")
-			b.ReportMetric(float64((on-off).Nanoseconds())/services, "ns-per-counted-rule")
-		})
+		for _, services := range []int{2000, 10000} {
+			benchPacketCountersCost(b, f, services, rounds, trips)
+		}
 	}
 	wipeIPTables(b)
+}
+
+// benchPacketCountersCost is one flavour and number of Services of BenchmarkPacketCountersCost.
+func benchPacketCountersCost(b *testing.B, f Flavour, services, rounds, trips int) {
+	b.Run(fmt.Sprintf("%s/services=%d", f, services), func(b *testing.B) {
+		top := newTopology(b)
+		be := benchBackend(b, f)
+		w := &world{}
+		w.add(fixture.APIService("ns/web", "p80", model.TCP, "172.30.0.10", 80).Endpoints(kPodA + ":80@local").Build())
+		w.add(fixture.APIService("ns/dns", "p80", model.UDP, "172.30.0.10", 80).Endpoints(kPodA + ":80@local").Build())
+		st := scaleState(services, 1)
+		ws := w.kstate()
+		for name := range ws.ServiceNames() {
+			st.SetService(name, ws.PortsOf(name), nil)
+		}
+		var others []string
+		for name := range st.ServiceNames() {
+			if name.Namespace != "ns" {
+				others = append(others, name.String())
+			}
+		}
+		var conn net.Conn
+		if err := netnstest.Do(top.client, func() error {
+			var err error
+			conn, err = net.Dial("udp", "172.30.0.10:80")
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		defer conn.Close()
+		buf := make([]byte, 100)
+		lat := map[bool][]time.Duration{}
+		for r := 0; r < 2*rounds; r++ {
+			on := r%2 == 1
+			next := countertest.Counted(st, "none/none")
+			if on {
+				next = countertest.Counted(st, others...)
+			}
+			if res := be.Apply(context.Background(), next, full()); res.Err != nil || len(res.Failed) > 0 {
+				b.Fatalf("Apply: %v %v", res.Err, res.Failed)
+			}
+			for i := 0; i < trips; i++ {
+				_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+				t0 := time.Now()
+				if _, err := conn.Write([]byte("hi")); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := conn.Read(buf); err != nil {
+					b.Fatal(err)
+				}
+				lat[on] = append(lat[on], time.Since(t0))
+			}
+		}
+		p50 := func(d []time.Duration) time.Duration {
+			slices.Sort(d)
+			return d[len(d)/2]
+		}
+		off, on := p50(lat[false]), p50(lat[true])
+		b.ReportMetric(float64(off.Microseconds()), "off-p50-µs")
+		b.ReportMetric(float64(on.Microseconds()), "on-p50-µs")
+		b.ReportMetric(float64((on-off).Nanoseconds())/float64(services), "ns-per-counted-rule")
+	})
 }
