@@ -166,18 +166,25 @@ func TestPacketCountersComeAndGoWithTheFirstAndLastCountedService(t *testing.T) 
 	}
 }
 
+// tracedFeatureWorld returns a backend over a fake kernel, a tracer of its rules, and the
+// feature world's state, not yet applied.
+func tracedFeatureWorld(t *testing.T) (*Backend, *traceEnv, *model.NodeState) {
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
+	return b, &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}, featureWorld().state(model.IPv4)
+}
+
+// pkt is a packet arriving on eth0.
+func pkt(src netip.Addr, dst string, proto string, port int) packet {
+	return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
+}
+
 // TestTracedPacketsCountOnThePathOfTheirAddress follows packets through mangle: each
 // counts once, on the counter of the address it was sent to (ClusterIP: cluster, or local
 // under internalTrafficPolicy Local; NodePort, external IP, LoadBalancer IP: external),
 // LoadBalancer IPs only from the allowed source ranges, and a packet looped back through
 // lo (already counted in OUTPUT) not again.
 func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
-	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
-	st := featureWorld().state(model.IPv4)
-	env := &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}
-	pkt := func(src netip.Addr, dst string, proto string, port int) packet {
-		return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
-	}
+	b, env, st := tracedFeatureWorld(t)
 	webCluster := prefixPacketsCluster + portHash("ns1/svc1:p80", "tcp")
 	mustApply(t, b, st, full())
 	if got := env.counters(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
@@ -216,12 +223,7 @@ func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
 // ClusterIP: cluster, or local under internalTrafficPolicy Local; a NodePort: external,
 // then the path its policy picks), and not at all without endpoints.
 func TestTracedConnectionsCountOnTheirPathChains(t *testing.T) {
-	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
-	st := featureWorld().state(model.IPv4)
-	env := &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}
-	pkt := func(src netip.Addr, dst string, proto string, port int) packet {
-		return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
-	}
+	b, env, st := tracedFeatureWorld(t)
 	mustApply(t, b, st, full())
 	if got := env.newConnections(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
 		t.Fatalf("nothing counted, yet a connection went through %v", got)
