@@ -198,29 +198,6 @@ func (b *Backend) syncPartial(ctx context.Context, desired *model.NodeState, cha
 		}
 		units = append(units, u)
 	}
-	// A counted chain whose content changed (an endpoint change rewrites KUBE-SVC) is
-	// flushed and refilled: carry its counts.
-	var counted []*serviceRules
-	rewritten := map[string]bool{}
-	for _, u := range units {
-		if u.new == nil || u.old == nil {
-			continue
-		}
-		counted = append(counted, u.new)
-		old := map[string]uint64{}
-		for _, c := range u.old.natChains {
-			old[c.name] = c.sum
-		}
-		for i := range u.new.natChains {
-			c := &u.new.natChains[i]
-			if sum, ok := old[c.name]; ok && sum != chainSum(c) {
-				rewritten[c.name] = true
-			}
-		}
-	}
-	if len(rewritten) > 0 {
-		b.carryCounts(ctx, counted, func(chain string) bool { return rewritten[chain] })
-	}
 	return b.applyUnits(ctx, units, failed)
 }
 
@@ -441,6 +418,10 @@ func (b *Backend) syncFull(ctx context.Context, desired *model.NodeState, rc *re
 		return err
 	}
 	fs := b.renderFullSync(desired, rc, static, failed)
+	// The new-connection counter chains the kernel holds are kept, counts and all.
+	if fs.intact, err = b.intactCounterChains(kv); err != nil {
+		return err
+	}
 	if b.packetsWanted || b.packetsWritten || !b.sync.Trusted() {
 		// What mangle holds of the packet counters: kept, completed or removed.
 		if fs.mangle, err = b.readMangle(ctx); err != nil {
@@ -481,6 +462,9 @@ type fullSync struct {
 	iso         *isolate.Budget
 	// mangle is what the kernel holds of the packet counters (nil: not read, nothing).
 	mangle *mangleView
+	// intact are the new-connection counter chains the kernel holds intact: no restore
+	// of this sync writes them.
+	intact map[string]bool
 }
 
 // readAndRepairJumps reads the kernel before a full sync, notes drift, and inserts the
@@ -525,15 +509,6 @@ func (b *Backend) renderFullSync(desired *model.NodeState, rc *renderConfig, sta
 		fs.rendered[name] = s
 		chains += len(s.natChains)
 	}
-	// Counted chains are in the kernel already unless this is the first sync: their
-	// counts are carried over the flush and refill.
-	if b.counters.Len() > 0 {
-		list := make([]*serviceRules, 0, len(fs.rendered))
-		for _, s := range fs.rendered {
-			list = append(list, s)
-		}
-		b.carryCounts(context.Background(), list, nil)
-	}
 	// A large sync in the nft flavour first writes the Services' chains in batches; the
 	// final restore then only rewrites the shared chains to point at them.
 	fs.split = b.maxChains > 0 && chains > b.maxChains
@@ -558,15 +533,15 @@ func (b *Backend) prestageServices(ctx context.Context, kv *kernelView, fs *full
 	for _, name := range fs.names {
 		list = append(list, fs.rendered[name])
 	}
-	return b.prestage(ctx, list, fs.failed, fs.prestaged, fs.iso)
+	return b.prestage(ctx, list, fs.intact, fs.failed, fs.prestaged, fs.iso)
 }
 
-// existingServiceChains lists the per-Service nat chains the kernel holds, including
-// those prestaged in this sync.
+// existingServiceChains lists the per-Service nat chains the kernel holds (the
+// new-connection counter chains included), and those prestaged in this sync.
 func existingServiceChains(kv *kernelView, fs *fullSync) map[string]bool {
 	existing := map[string]bool{}
 	for c := range kv.chains[tableNAT] {
-		if xtables.IsServiceChain(c) {
+		if xtables.IsServiceChain(c) || isNewConnChain(c) {
 			existing[c] = true
 		}
 	}
@@ -626,7 +601,7 @@ func (b *Backend) keptServices(fs *fullSync) []types.NamespacedName {
 // stale chains are returned to be deleted after the restore instead.
 func (b *Backend) planFullRestore(fs *fullSync) (p *fullPlan, keep []types.NamespacedName, staleLater []string) {
 	p = &fullPlan{static: fs.static, prestaged: fs.prestaged, undeletable: fs.undeletable, canary: true,
-		packets: b.packetsWanted, mangle: fs.mangle}
+		packets: b.packetsWanted, mangle: fs.mangle, intact: fs.intact}
 	active := map[string]bool{}
 	for _, name := range fs.cands {
 		s := fs.rendered[name]
@@ -733,7 +708,7 @@ func (b *Backend) applyHeld(ctx context.Context, fs *fullSync) error {
 }
 
 // prestage writes Services' chains in batches of at most maxChains chains.
-func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolate.Budget) error {
+func (b *Backend) prestage(ctx context.Context, list []*serviceRules, intact map[string]bool, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolate.Budget) error {
 	var batches [][]*serviceRules
 	var cur []*serviceRules
 	n := 0
@@ -754,7 +729,7 @@ func (b *Backend) prestage(ctx context.Context, list []*serviceRules, failed map
 		if len(batch) == 0 {
 			continue
 		}
-		in := renderChainsOnly(batch)
+		in := renderChainsOnly(batch, intact)
 		rerr := b.restore(ctx, in, true)
 		if rerr == nil {
 			for _, s := range batch {

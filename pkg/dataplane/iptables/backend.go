@@ -44,7 +44,7 @@ type Backend struct {
 	logger klog.Logger
 	tools  *xtables.Tools
 	editor ruleEditor
-	// counters maps the counted Services' path chains to their series (for
+	// counters maps the counted Services' counter chains to their series (for
 	// ReadTrafficCounters, from any goroutine).
 	counters dataplane.CounterIndex
 	// packetsWanted says some port of the Apply in progress is counted; packetsWritten
@@ -52,10 +52,7 @@ type Backend struct {
 	// They differ when the first port is counted or the last one no longer is: a full
 	// sync then adds or removes the jumps (packets.go).
 	packetsWanted, packetsWritten bool
-	// restarts folds kernel counters that restarted from zero back into their counts
-	// (counters.go, "restartFold").
-	restarts restartFold
-	sysctl   hostnet.Sysctls
+	sysctl                        hostnet.Sysctls
 
 	tcpLiberal bool
 	nfacct     bool

@@ -34,6 +34,13 @@ func childCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// selfCPU is the CPU time this process has used (user and system).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // moveOneEndpoint returns st with the first endpoint of ns0/svc0 replaced.
 func moveOneEndpoint(st *model.NodeState, n int) *model.NodeState {
 	name := types.NamespacedName{Namespace: "ns0", Name: "svc0"}

@@ -7,67 +7,54 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 )
-
-// perChainReadMax is the number of counted chains up to which a read in the nft flavour
-// lists each chain's first rule (`iptables -t nat -S CHAIN 1 -v`); above it one `iptables-save -c -t nat` is cheaper than that many runs.
-// The legacy flavour always reads one iptables-save: each legacy run copies the whole
-// table out of the kernel (10 runs took over 30 s at 10 000 Services x 10 endpoints on a
-// loaded machine, one save 3 s: BenchmarkReadTrafficCounters).
-const perChainReadMax = 64
 
 // counterReadTimeout bounds one read of the traffic counters.
 const counterReadTimeout = 30 * time.Second
 
 var _ dataplane.TrafficCounterReader = (*Backend)(nil)
 
-// ReadTrafficCounters reads the counter rules of the counted Service ports' path chains
-// in nat (new connections) and of their packet counter chains in mangle (packets and
-// bytes; README, "Traffic counters"): one iptables-save per table (or, in the nft flavour
-// with few counted nat chains, one listing per chain). It runs the iptables programs
-// itself and never waits for an Apply; with the legacy flavour it may wait for the
-// xtables lock while a restore holds it, the restore never waits for it longer than one
-// listing.
+// ReadTrafficCounters reads the counter rules of the counted Service ports' counter
+// chains: new connections in nat (SLUICE-NEW{C,L,E}-h), packets and bytes in mangle
+// (SLUICE-PKT{C,L,E}-h; README, "Traffic counters"). It never waits for an Apply. The nft
+// flavour reads only those chains, over netlink (one request per chain on a connection of
+// its own). The legacy flavour runs one `iptables-legacy-save -c -t <table>` per table:
+// the kernel hands out a legacy table only whole, whatever is listed, so a read of nat
+// copies every rule of it; it may wait for the xtables lock while a restore holds it.
 func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
-	n := b.counters.Len()
-	if n == 0 {
+	if b.counters.Len() == 0 {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), counterReadTimeout)
-	defer cancel()
-	chains := b.counters.Chains()
 	var natChains, mangleChains []string
-	for _, c := range chains {
+	for _, c := range b.counters.Chains() {
 		if isPacketChain(c) {
 			mangleChains = append(mangleChains, c)
 		} else {
 			natChains = append(natChains, c)
 		}
 	}
-	raw, err := b.readCounterRules(ctx, natChains)
-	if err != nil {
-		return nil, err
-	}
-	if len(mangleChains) > 0 {
-		// A timeout of its own: a slow nat read must not starve it.
-		mctx, mcancel := context.WithTimeout(context.Background(), counterReadTimeout)
-		defer mcancel()
-		packets, err := b.readPacketCounters(mctx, mangleChains)
+	out := map[string]dataplane.ChainCount{}
+	for _, t := range []struct {
+		table  string
+		chains []string
+	}{{tableNAT, natChains}, {tableMangle, mangleChains}} {
+		if len(t.chains) == 0 {
+			continue
+		}
+		// A timeout per table: a slow nat read must not starve mangle's.
+		ctx, cancel := context.WithTimeout(context.Background(), counterReadTimeout)
+		raw, err := b.readCounterRules(ctx, t.table, t.chains)
+		cancel()
 		if err != nil {
 			return nil, err
 		}
-		for c, n := range packets {
-			raw[c] = n
+		for chain, c := range raw {
+			out[chain] = dataplane.ChainCount{Packets: c.packets, Bytes: c.bytes}
 		}
-	}
-	raw = b.restarts.fold(raw, chains, false)
-	out := make(map[string]dataplane.ChainCount, len(raw))
-	for chain, c := range raw {
-		out[chain] = dataplane.ChainCount{Packets: c.packets, Bytes: c.bytes}
 	}
 	return b.counters.Resolve(out), nil
 }
@@ -75,84 +62,27 @@ func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 // ruleCount is a rule's counters.
 type ruleCount struct{ packets, bytes uint64 }
 
-// restartFold keeps the counts of counter rules monotonic when the kernel restarts them
-// from zero although the backend carried them: ip6tables-nft-restore 1.8.9 (Debian 12)
-// ignores "[packets:bytes]" and "-c" for IPv6 rules, so every rewrite of a counted chain
-// would restart its counter in that flavour and family. Every read goes through fold,
-// the one just before a rewrite included (carryCounts), so only what was counted between
-// that read and the restore is lost, as with a carry that works. Where the carry works a
-// value never goes down and the fold adds nothing.
-type restartFold struct {
-	mu sync.Mutex
-	// last is the kernel's value at the last read; base what restarts took away.
-	last, base map[string]ruleCount
-}
-
-// fold returns raw plus what earlier restarts took from each chain. keep, when not nil,
-// is the full list of counted chains: the others are forgotten. carried says the result
-// is about to be written to the kernel: the kernel then holds it all, or (a restore that
-// ignores it) restarts from zero, which the next read folds in.
-func (f *restartFold) fold(raw map[string]ruleCount, keep []string, carried bool) map[string]ruleCount {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.last == nil {
-		f.last, f.base = map[string]ruleCount{}, map[string]ruleCount{}
-	}
-	if keep != nil {
-		counted := make(map[string]bool, len(keep))
-		for _, c := range keep {
-			counted[c] = true
+// readCounterRules returns the counts of the counter rules of those of chains (of table)
+// that are in the kernel.
+func (b *Backend) readCounterRules(ctx context.Context, table string, chains []string) (map[string]ruleCount, error) {
+	if b.netlinkReads() {
+		read, err := xtables.ReadNFTCounters(b.cfg.Family, table, chains)
+		if err != nil {
+			return nil, err
 		}
-		for c := range f.last {
-			if !counted[c] {
-				delete(f.last, c)
-				delete(f.base, c)
-			}
-		}
-	}
-	out := make(map[string]ruleCount, len(raw))
-	for chain, cur := range raw {
-		last, seen := f.last[chain]
-		base := f.base[chain]
-		if seen && (cur.packets < last.packets || cur.bytes < last.bytes) {
-			base.packets += last.packets
-			base.bytes += last.bytes
-			f.base[chain] = base
-		}
-		total := ruleCount{packets: base.packets + cur.packets, bytes: base.bytes + cur.bytes}
-		f.last[chain] = cur
-		if carried {
-			f.last[chain], f.base[chain] = total, ruleCount{}
-		}
-		out[chain] = total
-	}
-	return out
-}
-
-// readCounterRules returns the counter rule's counts of those of chains that are in the
-// kernel.
-func (b *Backend) readCounterRules(ctx context.Context, chains []string) (map[string]ruleCount, error) {
-	out := make(map[string]ruleCount, len(chains))
-	if b.tools.Flavour == FlavourNFT && len(chains) <= perChainReadMax {
-		for _, chain := range chains {
-			args := []string{"--wait", strconv.Itoa(b.tools.WaitSeconds), "-t", tableNAT, "-S", chain, "1", "-v"}
-			stdout, _, err := b.tools.Cmd.Run(ctx, b.tools.IPTables, args, nil)
-			if err != nil {
-				continue // not (yet, or any more) in the kernel
-			}
-			if c, ok := parseListedCounter(string(bytes.TrimSpace(stdout))); ok {
-				out[chain] = c
-			}
+		out := make(map[string]ruleCount, len(read))
+		for chain, c := range read {
+			out[chain] = ruleCount{c.Packets, c.Bytes}
 		}
 		return out, nil
 	}
-	return b.readSavedCounters(ctx, tableNAT, chains)
+	return b.readSavedCounters(ctx, table, chains)
 }
 
-// readPacketCounters returns the counts of the mangle counter chains among chains that
-// are in the kernel: one iptables-save of mangle, whatever their number.
-func (b *Backend) readPacketCounters(ctx context.Context, chains []string) (map[string]ruleCount, error) {
-	return b.readSavedCounters(ctx, tableMangle, chains)
+// netlinkReads reports whether the backend reads iptables-nft's tables over netlink (the
+// nft flavour, unless a test asks for iptables-save).
+func (b *Backend) netlinkReads() bool {
+	return b.tools.Flavour == FlavourNFT && !b.opts.listChains
 }
 
 // readSavedCounters reads the counter rules of chains from one `iptables-save -c` of
@@ -179,66 +109,39 @@ func (b *Backend) readSavedCounters(ctx context.Context, table string, chains []
 	return out, sc.Err()
 }
 
-// carryCounts reads the counts of the counted chains of services that are in the
-// kernel, so that rewriting them (a flush and refill, which restarts a rule's counters)
-// carries the counts over. A failed read is logged and carries nothing: the collector
-// then sees the counter restart, and adds what it counts from there.
-// rewritten, when not nil, says which chains are about to be rewritten.
-func (b *Backend) carryCounts(ctx context.Context, services []*serviceRules, rewritten func(chain string) bool) {
+// intactCounterChains returns the new-connection counter chains the kernel holds with
+// their one rule (kv: what a full sync read). A full sync leaves them as they are, so
+// that they keep counting; the others it writes (or deletes). The nft flavour, whose
+// full sync lists chain names only, reads their rules over netlink.
+func (b *Backend) intactCounterChains(kv *kernelView) (map[string]bool, error) {
 	var chains []string
-	for _, s := range services {
-		for _, sp := range s.ports {
-			if sp.Counted {
-				for _, cp := range countedChains(sp) {
-					if rewritten == nil || rewritten(cp.Chain) {
-						chains = append(chains, cp.Chain)
-					}
-				}
-			}
+	for c := range kv.chains[tableNAT] {
+		if isNewConnChain(c) {
+			chains = append(chains, c)
 		}
 	}
 	if len(chains) == 0 {
-		return
+		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, counterReadTimeout)
-	defer cancel()
-	counts, err := b.readCounterRules(ctx, chains)
-	if err != nil {
-		b.logger.Error(err, "Failed to read the traffic counters of the chains about to be rewritten; their counts restart")
-		return
-	}
-	// What the kernel holds now is carried (written as [packets:bytes]); the fold gets
-	// the same, for the restore that does not take it (ip6tables-nft 1.8.9). The counts
-	// it returns are those written: the kernel's plus what a restart already folded in.
-	counts = b.restarts.fold(counts, nil, true)
-	for _, s := range services {
-		for _, c := range s.natChains {
-			if n, ok := counts[c.name]; ok {
-				if s.carry == nil {
-					s.carry = map[string]ruleCount{}
-				}
-				s.carry[c.name] = n
+	intact := make(map[string]bool, len(chains))
+	if kv.rules != nil {
+		for _, c := range chains {
+			if kv.rules[tableNAT][c] == 1 {
+				intact[c] = true
 			}
 		}
+		return intact, nil
 	}
-}
-
-// parseListedCounter reads `-A CHAIN -m comment --comment "… traffic counter" -c P B`.
-func parseListedCounter(l string) (ruleCount, bool) {
-	if !strings.Contains(l, counterComment+`"`) {
-		return ruleCount{}, false
+	read, err := xtables.ReadNFTCounters(b.cfg.Family, tableNAT, chains)
+	if err != nil {
+		return nil, err
 	}
-	i := strings.LastIndex(l, " -c ")
-	if i < 0 {
-		return ruleCount{}, false
+	for c, n := range read {
+		if n.Rules == 1 {
+			intact[c] = true
+		}
 	}
-	f := strings.Fields(l[i+4:])
-	if len(f) < 2 {
-		return ruleCount{}, false
-	}
-	p, err1 := strconv.ParseUint(f[0], 10, 64)
-	by, err2 := strconv.ParseUint(f[1], 10, 64)
-	return ruleCount{p, by}, err1 == nil && err2 == nil
+	return intact, nil
 }
 
 // parseSavedCounter reads `[P:B] -A CHAIN -m comment --comment "… traffic counter"`.

@@ -140,8 +140,9 @@ func mangleHolds(t *testing.T, f Flavour, family model.IPFamily) bool {
 // its NodePort count N+M on the cluster path and M on the external path, in both
 // flavours; their packets and bytes count on the path of the address used (at least
 // what TCP must send; UDP datagrams exactly); an endpoint change rewrites KUBE-SVC (a
-// partial sync) and a full sync rewrites every chain, and both keep the counts; the last
-// counted Service gone takes the packet counters out of mangle.
+// partial sync) and a full sync rewrites every chain, and both keep the counts, and so
+// does a restart of sluice; the last counted Service gone takes the counters out of
+// mangle and nat.
 func TestKernelTrafficCounters(t *testing.T) {
 	for _, f := range flavours {
 		t.Run(string(f), func(t *testing.T) {
@@ -196,6 +197,14 @@ func TestKernelTrafficCounters(t *testing.T) {
 			got = packetCounts(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 
+			// A restarted sluice (a new backend, whose first sync is full) finds the
+			// counter chains intact and leaves them counting.
+			b = newKernelBackend(t, f)
+			kApply(t, b, state(), full())
+			countertest.Want(t, b, want)
+			got = packetCounts(t, b)
+			checkPackets(t, got, wantPkts, 20, last)
+
 			c := dataplane.NewTrafficCounterCollector(klog.Background(), b)
 			for _, tc := range c.Read() {
 				if tc.NewConnections != want[tc.CounterSeries] {
@@ -214,6 +223,9 @@ func TestKernelTrafficCounters(t *testing.T) {
 			}
 			if mangleHolds(t, f, model.IPv4) {
 				t.Errorf("mangle still holds packet counters:\n%s", run(t, "iptables-"+string(f)+"-save", "-t", "mangle"))
+			}
+			if nat := run(t, "iptables-"+string(f)+"-save", "-t", "nat"); strings.Contains(nat, "SLUICE-") {
+				t.Errorf("nat still holds counter chains:\n%s", nat)
 			}
 			connectN(t, 1, top.client, "172.30.0.10:80")
 		})

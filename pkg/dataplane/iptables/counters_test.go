@@ -8,37 +8,23 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/countertest"
 	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/fixture"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
-func TestParseCounterLines(t *testing.T) {
-	listed := []struct {
-		line string
-		want ruleCount
-		ok   bool
-	}{
-		{`-A KUBE-SVC-X -m comment --comment "ns/web:http traffic counter" -c 7 420`, ruleCount{7, 420}, true},
-		{`-A KUBE-SVC-X -m comment --comment "ns/web:http traffic counter" -c 18446744073709551615 1`, ruleCount{1<<64 - 1, 1}, true},
-		{`-A KUBE-SVC-X -m comment --comment "ns/web:http cluster IP" -c 7 420 -j KUBE-MARK-MASQ`, ruleCount{}, false},
-		{`-A KUBE-SVC-X -m comment --comment "ns/web:http traffic counter"`, ruleCount{}, false},
-		{``, ruleCount{}, false},
-	}
-	for _, tc := range listed {
-		if got, ok := parseListedCounter(tc.line); ok != tc.ok || got != tc.want {
-			t.Errorf("parseListedCounter(%q) = %v, %v; want %v, %v", tc.line, got, ok, tc.want, tc.ok)
-		}
-	}
+func TestParseSavedCounter(t *testing.T) {
 	saved := []struct {
 		line  string
 		chain string
 		want  ruleCount
 		ok    bool
 	}{
-		{`[7:420] -A KUBE-EXT-X -m comment --comment "ns/web:http traffic counter"`, "KUBE-EXT-X", ruleCount{7, 420}, true},
-		{`[7:420] -A KUBE-EXT-X -m comment --comment "ns/web:http traffic counter" -j DROP`, "", ruleCount{}, false},
+		{`[7:420] -A SLUICE-NEWE-X -m comment --comment "ns/web:http traffic counter"`, "SLUICE-NEWE-X", ruleCount{7, 420}, true},
+		{`[18446744073709551615:1] -A SLUICE-PKTC-X -m comment --comment "ns/web:http traffic counter"`, "SLUICE-PKTC-X", ruleCount{1<<64 - 1, 1}, true},
+		{`[7:420] -A KUBE-EXT-X -m comment --comment "ns/web:http traffic counter" -j SLUICE-NEWE-X`, "", ruleCount{}, false},
 		{`[0:0] -A KUBE-SVC-X -j KUBE-SEP-Y`, "", ruleCount{}, false},
-		{`:KUBE-SVC-X - [0:0]`, "", ruleCount{}, false},
-		{`[x:1] -A KUBE-EXT-X -m comment --comment "ns/web:http traffic counter"`, "KUBE-EXT-X", ruleCount{0, 1}, false},
+		{`:SLUICE-NEWC-X - [0:0]`, "", ruleCount{}, false},
+		{`[x:1] -A SLUICE-NEWE-X -m comment --comment "ns/web:http traffic counter"`, "SLUICE-NEWE-X", ruleCount{0, 1}, false},
 	}
 	for _, tc := range saved {
 		chain, got, ok := parseSavedCounter(tc.line)
@@ -48,57 +34,74 @@ func TestParseCounterLines(t *testing.T) {
 	}
 }
 
-// TestCarriedCountsPrefixTheCounterRuleOnly: a carried count is written before the
-// counter rule, as iptables-restore --counters reads it, and nowhere else.
-func TestCarriedCountsPrefixTheCounterRuleOnly(t *testing.T) {
-	c := &chainRules{name: "KUBE-SVC-X", rules: []string{
-		`-A KUBE-SVC-X -m comment --comment "ns/web:http traffic counter"`,
-		`-A KUBE-SVC-X -j KUBE-SEP-Y`,
-	}}
-	s := &serviceRules{carry: map[string]ruleCount{"KUBE-SVC-X": {5, 300}}}
-	if got, want := s.ruleLine(c, 0), `[5:300] `+c.rules[0]; got != want {
-		t.Errorf("counter rule: %q, want %q", got, want)
-	}
-	if got := s.ruleLine(c, 1); got != c.rules[1] {
-		t.Errorf("other rule: %q", got)
-	}
-	uncounted := &chainRules{name: "KUBE-SVC-X", rules: []string{`-A KUBE-SVC-X -j KUBE-SEP-Y`}}
-	if got := s.ruleLine(uncounted, 0); got != uncounted.rules[0] {
-		t.Errorf("a chain without a counter rule got counts: %q", got)
-	}
-}
+// TestSyncsNeitherReadNorRewriteCounters: a counted Service's path chains jump to its
+// new-connection counter chains; an endpoint change (a partial sync) rewrites KUBE-SVC
+// and runs no iptables-save (no sync reads counters), and neither it nor a full sync
+// writes the counter chains again (they keep their counts); uncounting the Service
+// deletes them.
+func TestSyncsNeitherReadNorRewriteCounters(t *testing.T) {
+	for _, f := range []Flavour{FlavourLegacy, FlavourNFT} {
+		t.Run(string(f), func(t *testing.T) {
+			b, k, _ := newTestBackend(t, testConfig(model.IPv4), f)
+			w := featureWorld()
+			counted := func() *model.NodeState { return countertest.Counted(w.state(model.IPv4), "ns3/svc3") }
+			mustApply(t, b, counted(), full())
+			hash := portHash("ns3/svc3:p80", "tcp")
+			svc, ext := prefixClusterPolicy+hash, prefixExternal+hash
+			cluster, external := prefixNewConnCluster+hash, prefixNewConnExternal+hash
+			for chain, counter := range map[string]string{svc: cluster, ext: external} {
+				rules := k.rules(tableNAT, chain)
+				if len(rules) == 0 || !strings.HasSuffix(rules[0], `-m comment --comment "ns3/svc3:p80 traffic counter" -j `+counter) {
+					t.Errorf("%s does not jump to %s first: %q", chain, counter, rules)
+				}
+				if got := k.rules(tableNAT, counter); !slices.Equal(got, []string{`-m comment --comment "ns3/svc3:p80 traffic counter"`}) {
+					t.Errorf("%s: %q", counter, got)
+				}
+			}
+			counterLines := func() bool {
+				in := strings.Join(k.restores, "")
+				return strings.Contains(in, ":"+xtables.NewConnCounterChainPrefix) || strings.Contains(in, "-A "+xtables.NewConnCounterChainPrefix)
+			}
 
-// TestRestartFold: a counter the kernel restarts after a carry it ignored keeps counting
-// from the carried value; one whose carry worked is not counted twice; chains no longer
-// counted are forgotten.
-func TestRestartFold(t *testing.T) {
-	var f restartFold
-	read := func(v uint64, carried bool, keep ...string) uint64 {
-		t.Helper()
-		return f.fold(map[string]ruleCount{"c": {packets: v, bytes: 10 * v}}, keep, carried)["c"].packets
-	}
-	steps := []struct {
-		name    string
-		kernel  uint64
-		carried bool
-		want    uint64
-	}{
-		{"first read", 8, false, 8},
-		{"read before a rewrite, carried", 8, true, 8},
-		{"the restore ignored the carry: restarted", 0, false, 8},
-		{"counting on", 3, false, 11},
-		{"read before another rewrite", 4, true, 12},
-		{"this restore took the carry", 12, false, 12},
-		{"counting on", 15, false, 15},
-	}
-	for _, s := range steps {
-		if got := read(s.kernel, s.carried, "c"); got != s.want {
-			t.Fatalf("%s: kernel %d reads %d, want %d", s.name, s.kernel, got, s.want)
-		}
-	}
-	f.fold(nil, []string{"other"}, false)
-	if got := read(2, false); got != 2 {
-		t.Errorf("a chain counted again after it was not: %d, want 2 (nothing folded)", got)
+			w.set(fixture.APIService("ns3/svc3", "p80", model.TCP, "172.30.0.43", 80).NodePort(3003).Endpoints("10.180.2.3:80", "10.180.2.4:80").Build())
+			k.restores, k.calls = nil, map[string]int{}
+			if res := mustApply(t, b, counted(), changed("ns3/svc3")); res.Full {
+				t.Fatal("the endpoint change was a full sync")
+			}
+			if !strings.Contains(strings.Join(k.restores, ""), ":"+svc+" - [0:0]") {
+				t.Errorf("the endpoint change did not rewrite %s:\n%s", svc, strings.Join(k.restores, ""))
+			}
+			for prog, n := range k.calls {
+				if strings.HasSuffix(prog, "-save") {
+					t.Errorf("the partial sync ran %s %d times", prog, n)
+				}
+			}
+			if counterLines() {
+				t.Errorf("the partial sync wrote a counter chain:\n%s", strings.Join(k.restores, ""))
+			}
+
+			k.restores = nil
+			mustApply(t, b, counted(), full())
+			if in := strings.Join(k.restores, ""); strings.Contains(in, ":"+cluster) || strings.Contains(in, "-A "+cluster) ||
+				!strings.Contains(in, "-j "+cluster) {
+				t.Errorf("the full sync rewrote the counter chain, or lost the jump to it:\n%s", in)
+			}
+
+			// A counter chain emptied behind sluice's back is written again by a full sync.
+			k.mu.Lock()
+			k.tables[tableNAT].chains[external].rules = nil
+			k.mu.Unlock()
+			mustApply(t, b, counted(), full())
+			if got := k.rules(tableNAT, external); len(got) != 1 {
+				t.Errorf("%s after a full sync: %q", external, got)
+			}
+
+			mustApply(t, b, countertest.Counted(w.state(model.IPv4), "none/none"), changed("ns3/svc3"))
+			if got := k.chainNames(tableNAT, xtables.NewConnCounterChainPrefix); len(got) != 0 {
+				t.Errorf("uncounted, yet nat holds %v", got)
+			}
+			assertConsistent(t, k)
+		})
 	}
 }
 
@@ -123,7 +126,8 @@ func TestPacketCountersComeAndGoWithTheFirstAndLastCountedService(t *testing.T) 
 				if res.Full != wantFull {
 					t.Errorf("%s: full sync %v (%q), want %v", what, res.Full, b.LastStats().Reason, wantFull)
 				}
-				wrote := strings.Contains(strings.Join(k.restores, ""), "SLUICE-")
+				in := strings.Join(k.restores, "")
+				wrote := strings.Contains(in, xtables.PacketCounterChainPrefix) || strings.Contains(in, xtables.PacketCounterChain)
 				if wrote != wantMangle {
 					t.Errorf("%s: packet counter lines written: %v, want %v:\n%s", what, wrote, wantMangle, strings.Join(k.restores, ""))
 				}
@@ -162,18 +166,25 @@ func TestPacketCountersComeAndGoWithTheFirstAndLastCountedService(t *testing.T) 
 	}
 }
 
+// tracedFeatureWorld returns a backend over a fake kernel, a tracer of its rules, and the
+// feature world's state, not yet applied.
+func tracedFeatureWorld(t *testing.T) (*Backend, *traceEnv, *model.NodeState) {
+	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
+	return b, &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}, featureWorld().state(model.IPv4)
+}
+
+// pkt is a packet arriving on eth0.
+func pkt(src netip.Addr, dst string, proto string, port int) packet {
+	return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
+}
+
 // TestTracedPacketsCountOnThePathOfTheirAddress follows packets through mangle: each
 // counts once, on the counter of the address it was sent to (ClusterIP: cluster, or local
 // under internalTrafficPolicy Local; NodePort, external IP, LoadBalancer IP: external),
 // LoadBalancer IPs only from the allowed source ranges, and a packet looped back through
 // lo (already counted in OUTPUT) not again.
 func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
-	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy)
-	st := featureWorld().state(model.IPv4)
-	env := &traceEnv{k: k, localAddrs: testLocalAddrs, t: t}
-	pkt := func(src netip.Addr, dst string, proto string, port int) packet {
-		return packet{src: src, dst: netip.MustParseAddr(dst), proto: proto, dport: port, iif: "eth0"}
-	}
+	b, env, st := tracedFeatureWorld(t)
 	webCluster := prefixPacketsCluster + portHash("ns1/svc1:p80", "tcp")
 	mustApply(t, b, st, full())
 	if got := env.counters(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
@@ -202,6 +213,37 @@ func TestTracedPacketsCountOnThePathOfTheirAddress(t *testing.T) {
 		{"looped back through lo", looped, nil},
 	} {
 		if got := env.counters(tc.pkt); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: counted by %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestTracedConnectionsCountOnTheirPathChains follows first packets through nat: a
+// connection counts once on the counter chain of each path chain it goes through (a
+// ClusterIP: cluster, or local under internalTrafficPolicy Local; a NodePort: external,
+// then the path its policy picks), and not at all without endpoints.
+func TestTracedConnectionsCountOnTheirPathChains(t *testing.T) {
+	b, env, st := tracedFeatureWorld(t)
+	mustApply(t, b, st, full())
+	if got := env.newConnections(pkt(outside, "172.30.0.41", "tcp", 80)); len(got) != 0 {
+		t.Fatalf("nothing counted, yet a connection went through %v", got)
+	}
+	mustApply(t, b, countertest.Counted(st), full())
+	local := pkt(nodeIP, "172.30.0.49", "tcp", 80)
+	local.iif, local.local = "", true
+	svc3 := portHash("ns3/svc3:p80", "tcp")
+	for _, tc := range []struct {
+		name string
+		pkt  packet
+		want []string
+	}{
+		{"ClusterIP", pkt(outside, "172.30.0.41", "tcp", 80), []string{prefixNewConnCluster + portHash("ns1/svc1:p80", "tcp")}},
+		{"UDP ClusterIP", pkt(outside, "172.30.0.53", "udp", 53), []string{prefixNewConnCluster + portHash("ns11/dns:p80", "udp")}},
+		{"ClusterIP without endpoints", pkt(outside, "172.30.0.42", "tcp", 80), nil},
+		{"NodePort", pkt(outside, nodeIP.String(), "tcp", 3003), []string{prefixNewConnExternal + svc3, prefixNewConnCluster + svc3}},
+		{"from the node to a Local-policy ClusterIP", local, []string{prefixNewConnLocal + portHash("ns8/svc8:p80", "tcp")}},
+	} {
+		if got := env.newConnections(tc.pkt); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: counted by %v, want %v", tc.name, got, tc.want)
 		}
 	}

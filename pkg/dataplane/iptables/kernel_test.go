@@ -513,6 +513,10 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	run(t, "iptables-legacy", "-t", "mangle", "-N", "SLUICE-PKTC-LEGACYLEFTOVER1")
 	run(t, "iptables-legacy", "-t", "mangle", "-A", "SLUICE-SERVICE-PACKETS", "-j", "SLUICE-PKTC-LEGACYLEFTOVER1")
 	run(t, "iptables-legacy", "-t", "mangle", "-I", "PREROUTING", "-j", "SLUICE-SERVICE-PACKETS")
+	// and its new-connection counters, which a path chain jumps to.
+	run(t, "iptables-legacy", "-t", "nat", "-N", "SLUICE-NEWC-LEGACYLEFTOVER1")
+	run(t, "iptables-legacy", "-t", "nat", "-A", "SLUICE-NEWC-LEGACYLEFTOVER1", "-m", "comment", "--comment", "ns/x:p traffic counter")
+	run(t, "iptables-legacy", "-t", "nat", "-A", "KUBE-SVC-LEGACYLEFTOVER1", "-j", "SLUICE-NEWC-LEGACYLEFTOVER1")
 
 	b, err := New(context.Background(), kernelConfig(), WithFlavour(FlavourNFT))
 	if err != nil {
@@ -531,7 +535,7 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	if out := run(t, "iptables-nft-save", "-t", "filter"); strings.Contains(out, "KUBE-IPVS-FILTER") {
 		t.Errorf("ipvs chain left:\n%s", out)
 	}
-	if out := run(t, "iptables-legacy-save", "-t", "nat"); strings.Contains(out, "KUBE-") {
+	if out := run(t, "iptables-legacy-save", "-t", "nat"); strings.Contains(out, "KUBE-") || strings.Contains(out, "SLUICE-") {
 		t.Errorf("kube-proxy rules left in the legacy flavour:\n%s", out)
 	}
 	if mangleHolds(t, FlavourLegacy, model.IPv4) {

@@ -4,6 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"strings"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 )
 
 // Table names, as iptables spells them.
@@ -52,6 +55,20 @@ const (
 	prefixFirewall      = "KUBE-FW-"  // loadBalancerSourceRanges
 	prefixEndpoint      = "KUBE-SEP-" // one endpoint: hairpin masquerade, affinity, DNAT
 )
+
+// Prefixes of the new-connection counter chains (nat), one per counted port and path
+// chain (render.go, counters): sluice's own, owned like the chains above
+// (xtables.IPTablesModeChain), and kept intact by every sync while the port is counted.
+const (
+	prefixNewConnCluster  = xtables.NewConnCounterChainPrefix + "C-"
+	prefixNewConnLocal    = xtables.NewConnCounterChainPrefix + "L-"
+	prefixNewConnExternal = xtables.NewConnCounterChainPrefix + "E-"
+)
+
+// isNewConnChain reports whether chain is a new-connection counter chain.
+func isNewConnChain(chain string) bool {
+	return strings.HasPrefix(chain, xtables.NewConnCounterChainPrefix)
+}
 
 // portHash returns upstream's 16-character chain suffix for a Service port:
 // base32(sha256(portName + protocol))[:16], where portName is "ns/name:port" ("ns/name" for

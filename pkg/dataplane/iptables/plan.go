@@ -274,7 +274,7 @@ func renderUnits(units []unit) *restoreInput {
 				}
 				natDecls = append(natDecls, chainDecl{c.name, owner})
 				for j := range c.rules {
-					natRules = append(natRules, ownedLine{owner, u.new.ruleLine(c, j)})
+					natRules = append(natRules, ownedLine{owner, c.rules[j]})
 				}
 			}
 		}
@@ -408,6 +408,9 @@ type fullPlan struct {
 	// exist; mangle is what the kernel held of them before (nil: nothing).
 	packets bool
 	mangle  *mangleView
+	// intact are new-connection counter chains the kernel holds intact: left as they
+	// are (not flushed), so that they keep their counts.
+	intact map[string]bool
 }
 
 // renderFull builds the restore input of a full sync: every top-level chain is flushed and
@@ -439,7 +442,9 @@ func renderFull(p *fullPlan) *restoreInput {
 		}
 		o := lineOwner{kind: lineService, service: s.name}
 		for _, c := range s.natChains {
-			decls = append(decls, chainDecl{c.name, o})
+			if !p.intact[c.name] {
+				decls = append(decls, chainDecl{c.name, o})
+			}
 		}
 	}
 	for _, c := range p.stale {
@@ -460,8 +465,11 @@ func renderFull(p *fullPlan) *restoreInput {
 		}
 		for i := range s.natChains {
 			c := &s.natChains[i]
+			if p.intact[c.name] {
+				continue
+			}
 			for j := range c.rules {
-				r.add(o, s.ruleLine(c, j))
+				r.add(o, c.rules[j])
 			}
 		}
 	}
@@ -502,15 +510,18 @@ func renderFull(p *fullPlan) *restoreInput {
 // renderChainsOnly builds a restore input that only declares and fills the given Services'
 // chains: the first stage of a full sync split into several restores. Nothing refers to
 // new chains yet, and chains already in use get content that is complete on its own, so
-// each of these restores can commit without disturbing traffic.
-func renderChainsOnly(services []*serviceRules) *restoreInput {
+// each of these restores can commit without disturbing traffic. The intact counter
+// chains are left as they are.
+func renderChainsOnly(services []*serviceRules, intact map[string]bool) *restoreInput {
 	r := newRestoreInput()
 	r.beginTable(tableNAT)
 	var decls []chainDecl
 	for _, s := range services {
 		o := lineOwner{kind: lineService, service: s.name}
 		for _, c := range s.natChains {
-			decls = append(decls, chainDecl{c.name, o})
+			if !intact[c.name] {
+				decls = append(decls, chainDecl{c.name, o})
+			}
 		}
 	}
 	writeDecls(r, decls)
@@ -518,8 +529,11 @@ func renderChainsOnly(services []*serviceRules) *restoreInput {
 		o := lineOwner{kind: lineService, service: s.name}
 		for i := range s.natChains {
 			c := &s.natChains[i]
+			if intact[c.name] {
+				continue
+			}
 			for j := range c.rules {
-				r.add(o, s.ruleLine(c, j))
+				r.add(o, c.rules[j])
 			}
 		}
 	}

@@ -152,24 +152,9 @@ type serviceRules struct {
 	// mangleChains their counter chains, of Counted ports only (packets.go).
 	mangleTop    []topRule
 	mangleChains []chainRules
-	// carry holds the counts a counted chain's counter rule (its first) is written
-	// with ("[packets:bytes]", iptables-restore --counters), read from the kernel just
-	// before the chain is rewritten; nil when nothing is carried.
-	carry map[string]ruleCount
 	// noLocalInternal and noLocalExternal count ports with a Local policy and no local
 	// endpoints (the sync_proxy_rules_no_local_endpoints_total gauge).
 	noLocalInternal, noLocalExternal int
-}
-
-// ruleLine returns the restore line of rule i of chain c: with the counts carried for
-// its counter rule, if any.
-func (s *serviceRules) ruleLine(c *chainRules, i int) string {
-	if i == 0 && s.carry != nil {
-		if n, ok := s.carry[c.name]; ok && strings.HasSuffix(c.rules[0], counterComment+`"`) {
-			return "[" + strconv.FormatUint(n.packets, 10) + ":" + strconv.FormatUint(n.bytes, 10) + "] " + c.rules[0]
-		}
-	}
-	return c.rules[i]
 }
 
 // natRuleCount is the number of rules the Service owns in nat.
@@ -504,37 +489,60 @@ func (pr *portRender) firewallChainRules() {
 // counterComment ends the comment of a traffic counter rule.
 const counterComment = " traffic counter"
 
-// counters puts a traffic counter first in each path chain (KUBE-SVC, KUBE-SVL,
-// KUBE-EXT) of a Counted port: a rule without a target, which only counts. The chains
-// are nat chains, which netfilter runs for the first packet of a connection only: the
-// rule's packets are the path's new connections (README, "Traffic counters").
+// counters counts the new connections of each path chain (KUBE-SVC, KUBE-SVL, KUBE-EXT)
+// of a Counted port: the path chain's first rule jumps to the port's counter chain for
+// the path (SLUICE-NEW{C,L,E}-h), whose one rule, without a target, counts and returns.
+// The chains are nat chains, which netfilter runs for the first packet of a connection
+// only: the counter rule's packets are the path's new connections (README, "Traffic
+// counters"). The counter chain's rule depends on the port's name only, so rewriting the
+// path chain (an endpoint change) leaves it, and its counts, alone.
 func (pr *portRender) counters() {
 	if !pr.sp.Counted {
 		return
 	}
-	for _, cp := range countedChains(pr.sp) {
-		rules, ok := pr.rules[cp.Chain]
+	comment := quoted(pr.portName + counterComment)
+	for _, nc := range newConnCounters(pr.sp) {
+		rules, ok := pr.rules[nc.pathChain]
 		if !ok {
 			continue
 		}
-		counter := "-A " + cp.Chain + " -m comment --comment " + quoted(pr.portName+counterComment)
-		pr.rules[cp.Chain] = append([]string{counter}, rules...)
+		jump := "-A " + nc.pathChain + " -m comment --comment " + comment + " -j " + nc.Chain
+		pr.rules[nc.pathChain] = append([]string{jump}, rules...)
+		pr.add(nc.Chain, (&line{}).add("-m", "comment", "--comment", comment))
 	}
 }
 
-// countedChains returns the path chains of a Counted port that exist (KUBE-SVC and
-// KUBE-SVL only with endpoints for them, KUBE-EXT with endpoints anywhere), and their paths.
-func countedChains(sp *model.ServicePort) []dataplane.ChainPath {
+// newConnCounter is a path chain of a Counted port and its new-connection counter chain.
+type newConnCounter struct {
+	pathChain string
+	// ChainPath is the counter chain and its path.
+	dataplane.ChainPath
+}
+
+// newConnCounters returns the path chains of a Counted port that exist (KUBE-SVC and
+// KUBE-SVL only with endpoints for them, KUBE-EXT with endpoints anywhere), with their
+// counter chains and paths.
+func newConnCounters(sp *model.ServicePort) []newConnCounter {
 	hash := portHash(sp.Name.String(), sp.Name.Protocol.Lower())
-	var out []dataplane.ChainPath
+	var out []newConnCounter
 	if len(sp.ClusterEndpoints) > 0 && sp.UsesClusterEndpoints() {
-		out = append(out, dataplane.ChainPath{Chain: prefixClusterPolicy + hash, Path: dataplane.PathCluster})
+		out = append(out, newConnCounter{prefixClusterPolicy + hash, dataplane.ChainPath{Chain: prefixNewConnCluster + hash, Path: dataplane.PathCluster}})
 	}
 	if len(sp.LocalEndpoints) > 0 && sp.UsesLocalEndpoints() {
-		out = append(out, dataplane.ChainPath{Chain: prefixLocalPolicy + hash, Path: dataplane.PathLocal})
+		out = append(out, newConnCounter{prefixLocalPolicy + hash, dataplane.ChainPath{Chain: prefixNewConnLocal + hash, Path: dataplane.PathLocal}})
 	}
 	if sp.HasAnyEndpoints && sp.ExternallyAccessible() {
-		out = append(out, dataplane.ChainPath{Chain: prefixExternal + hash, Path: dataplane.PathExternal})
+		out = append(out, newConnCounter{prefixExternal + hash, dataplane.ChainPath{Chain: prefixNewConnExternal + hash, Path: dataplane.PathExternal}})
+	}
+	return out
+}
+
+// countedChains returns the new-connection counter chains of a Counted port and their
+// paths.
+func countedChains(sp *model.ServicePort) []dataplane.ChainPath {
+	var out []dataplane.ChainPath
+	for _, nc := range newConnCounters(sp) {
+		out = append(out, nc.ChainPath)
 	}
 	return out
 }

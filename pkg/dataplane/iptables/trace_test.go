@@ -47,7 +47,8 @@ type pktState struct {
 	mark   uint32
 	dnat   string
 	ctDNAT bool
-	// counted lists the packet counter chains (mangle) the packet went through.
+	// counted lists the counter chains the packet went through: packet counters in
+	// mangle, new-connection counters in nat.
 	counted []string
 }
 
@@ -72,6 +73,24 @@ func (e *traceEnv) counters(p packet) []string {
 	var out []string
 	for _, r := range e.run(tableMangle, chain, pktState{packet: p}) {
 		out = append(out, r.state.counted...)
+	}
+	return out
+}
+
+// newConnections returns the new-connection counter chains (nat) a connection's first
+// packet goes through, on any of its ways (random choices come after the counters).
+func (e *traceEnv) newConnections(p packet) []string {
+	chain := "PREROUTING"
+	if p.local {
+		chain = "OUTPUT"
+	}
+	var out []string
+	for _, r := range e.run(tableNAT, chain, pktState{packet: p}) {
+		for _, c := range r.state.counted {
+			if !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
 	}
 	return out
 }
@@ -146,7 +165,7 @@ func (e *traceEnv) chain(table, chain string, s pktState, depth int) []runResult
 	if !ok {
 		e.t.Fatalf("trace: no chain %s in %s", chain, table)
 	}
-	if table == tableMangle && isPacketChain(chain) {
+	if table == tableMangle && isPacketChain(chain) || table == tableNAT && isNewConnChain(chain) {
 		s.counted = append(slices.Clone(s.counted), chain)
 	}
 	return e.rules(table, rules, 0, s, depth)

@@ -17,10 +17,11 @@ import (
 // Ownership is by table: a chain is kube-proxy's in the table where one of its modes
 // creates it, nowhere else. Kubelet's chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
 // KUBE-MARK-DROP, KUBE-IPTABLES-HINT) are never kube-proxy's, and neither is anything
-// without the KUBE- prefix, but for sluice's own packet counter chains in mangle
-// (PacketCounterChain, PacketCounterChainPrefix: issue 13, written only while a Service's
-// traffic is counted), which the iptables mode owns like its other chains, so that a
-// switch to another mode and `sluice --cleanup` remove them.
+// without the KUBE- prefix, but for sluice's own traffic counter chains (issue 13, written
+// only while a Service's traffic is counted): the packet counters in mangle
+// (PacketCounterChain, PacketCounterChainPrefix) and the new-connection counters in nat
+// (NewConnCounterChainPrefix), which the iptables mode owns like its other chains, so
+// that a switch to another mode and `sluice --cleanup` remove them.
 
 // iptablesModeChains are the fixed chains of the iptables mode, by table.
 var iptablesModeChains = map[string][]string{
@@ -36,6 +37,11 @@ const (
 	PacketCounterChain       = "SLUICE-SERVICE-PACKETS"
 	PacketCounterChainPrefix = "SLUICE-PKT"
 )
+
+// NewConnCounterChainPrefix starts the names of the new-connection counter chains (nat):
+// a counted Service port's path chain (KUBE-SVC, KUBE-SVL, KUBE-EXT) jumps to its own
+// one first, which holds one rule counting what enters the path.
+const NewConnCounterChainPrefix = "SLUICE-NEW"
 
 // ipvsModeChains are the chains of the ipvs mode, by table.
 var ipvsModeChains = map[string][]string{
@@ -66,7 +72,8 @@ func IsServiceChain(chain string) bool {
 
 // IPTablesModeChain reports whether the iptables mode owns chain in table.
 func IPTablesModeChain(table, chain string) bool {
-	return slices.Contains(iptablesModeChains[table], chain) || table == TableNAT && IsServiceChain(chain) ||
+	return slices.Contains(iptablesModeChains[table], chain) ||
+		table == TableNAT && (IsServiceChain(chain) || strings.HasPrefix(chain, NewConnCounterChainPrefix)) ||
 		table == TableMangle && strings.HasPrefix(chain, PacketCounterChainPrefix)
 }
 

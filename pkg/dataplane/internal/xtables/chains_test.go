@@ -23,6 +23,8 @@ func TestChainOwnershipIsByModeAndTable(t *testing.T) {
 		{TableMangle, "SLUICE-SERVICE-PACKETS", true, false},
 		{TableMangle, "SLUICE-PKTE-ABCDEFGHIJKLMNOP", true, false},
 		{TableNAT, "SLUICE-SERVICE-PACKETS", false, false},
+		{TableNAT, "SLUICE-NEWC-ABCDEFGHIJKLMNOP", true, false},
+		{TableMangle, "SLUICE-NEWE-ABCDEFGHIJKLMNOP", false, false},
 		{TableFilter, "SLUICE-PKTC-ABCDEFGHIJKLMNOP", false, false},
 		{TableFilter, "KUBE-NODE-PORT", false, true},
 		{TableNAT, "KUBE-LOAD-BALANCER", false, true},
