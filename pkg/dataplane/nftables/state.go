@@ -167,6 +167,16 @@ type serviceRecord struct {
 	slots []slotRecord
 }
 
+// equal reports whether r and o give a Service the same objects, with the same endpoint
+// lists (the model's slices themselves, not equal copies: a record keeps its list alive).
+func (r *serviceRecord) equal(o *serviceRecord) bool {
+	return slices.Equal(r.chains, o.chains) && slices.Equal(r.sets, o.sets) && slices.Equal(r.elems, o.elems) &&
+		slices.EqualFunc(r.slots, o.slots, func(a, b slotRecord) bool {
+			return a.chain == b.chain && a.set == b.set && a.base == b.base && len(a.eps) == len(b.eps) &&
+				(len(a.eps) == 0 || &a.eps[0] == &b.eps[0])
+		})
+}
+
 // slotRecord is one chain's endpoints in an endpoint map: the block at base holds
 // len(eps) ranges, range i (blockRange) endpoint i.
 type slotRecord struct {
