@@ -107,6 +107,14 @@ func (b *batcher) add(g *group) {
 	if b.res.err != nil {
 		return // the sync failed as a whole: nothing after it is sent
 	}
+	if len(g.ops) == 0 && len(b.pending) == 0 && !b.replace {
+		// Effects only, and no group before it waits for the kernel: committed now,
+		// rather than held until the next batch goes (a full resync that changes
+		// nothing would hold every Service's effects to its end).
+		b.pending = append(b.pending, g)
+		b.flush()
+		return
+	}
 	gs, gm := groupSize(g)
 	if !b.replace && len(b.pending) > 0 && (b.size+gs > b.a.limits.bytes || b.msgs+gm > b.a.limits.messages) {
 		b.flush()

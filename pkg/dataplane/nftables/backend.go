@@ -292,6 +292,10 @@ func (b *Backend) readForFull(in *planInput) error {
 		in.prevRecords = b.state.services
 	}
 	in.state = st
+	// From here the plan needs only the old records: the rest of the old model (its
+	// chains, sets, elements and claims) goes now rather than after the plan, which
+	// builds a new one beside the read (Apply sets b.state again whatever happens).
+	b.state = nil
 	return nil
 }
 
