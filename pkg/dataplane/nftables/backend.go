@@ -231,7 +231,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	b.state = p.base
 	for name, s := range b.state.sets {
 		if isEndpointMap(name) {
-			s.elems, s.intervals = nil, nil
+			s.elems, s.intervals = nil, intervalElems{}
 		}
 	}
 

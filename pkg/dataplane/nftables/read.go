@@ -251,23 +251,19 @@ func (r *tableReader) readElements() error {
 			continue // the datapath owns its content (affinity)
 		}
 		if isEndpointMap(name) {
-			scratch = scratch[:0]
+			scratch.reset()
 			err := dumpElements(r.c, r.fam, name, func(el anonElem) {
 				if len(el.key) != 4 || len(el.data) > 20 {
 					return // not one of ours: the map's type is checked before it is used
 				}
-				e := intervalElem{v: binary.BigEndian.Uint32(el.key), end: el.intervalEnd, dlen: uint8(len(el.data))}
-				copy(e.data[:], el.data)
-				scratch = append(scratch, e)
+				scratch.add(binary.BigEndian.Uint32(el.key), el.intervalEnd, el.data)
 			})
 			if err != nil {
 				return fmt.Errorf("list elements of %s: %w", name, err)
 			}
-			slices.SortFunc(scratch, compareIntervalElems)
-			if len(scratch) > 0 {
-				s.intervals = slices.Clone(scratch)
-			}
-			r.stats.elements += len(s.intervals)
+			scratch.sort()
+			s.intervals = scratch.clone()
+			r.stats.elements += len(s.intervals.elems)
 			continue
 		}
 		s.elems = map[string]string{}
