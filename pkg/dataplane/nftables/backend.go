@@ -231,7 +231,7 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 	b.state = p.base
 	for name, s := range b.state.sets {
 		if isEndpointMap(name) {
-			s.elems, s.intervals = nil, nil
+			s.elems, s.intervals = nil, intervalElems{}
 		}
 	}
 
@@ -292,6 +292,10 @@ func (b *Backend) readForFull(in *planInput) error {
 		in.prevRecords = b.state.services
 	}
 	in.state = st
+	// From here the plan needs only the old records: the rest of the old model (its
+	// chains, sets, elements and claims) goes now rather than after the plan, which
+	// builds a new one beside the read (Apply sets b.state again whatever happens).
+	b.state = nil
 	return nil
 }
 

@@ -3,7 +3,6 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 )
@@ -40,7 +39,8 @@ func driftOf(prev, read *tableState) *dataplane.Drift {
 			continue
 		}
 		if isEndpointMap(name) {
-			want = slotContents(want[:0], slots[name])
+			want.reset()
+			slotContents(&want, slots[name])
 			diffIntervals(d, name, want, rs.intervals)
 			continue
 		}
@@ -74,52 +74,49 @@ func slotsBySet(st *tableState) map[string][]*slotRecord {
 // in the form and order a full read gives them (fixed-size elements, not a map: they are
 // two per endpoint). Drift builds one map's at a time: all of them together are as large
 // as the read they are compared with, and would be held beside it.
-func slotContents(buf intervalElems, slots []*slotRecord) intervalElems {
+func slotContents(buf *intervalElems, slots []*slotRecord) {
+	var data [20]byte
 	for _, sl := range slots {
 		for j, ep := range sl.eps {
 			lo, hi := blockRange(sl.base, j, len(sl.eps))
-			buf = append(buf, intervalStart(lo, ep.AddrPort()), intervalElem{v: hi, end: true})
+			buf.add(lo, false, intervalData(data[:0], ep.AddrPort()))
+			buf.add(hi, true, nil)
 		}
 	}
-	slices.SortFunc(buf, compareIntervalElems)
-	return buf
+	buf.sort()
 }
 
-// intervalStart is the start element of a range at v holding endpoint ap, as the kernel
-// stores it (address . port, each padded to 4 bytes).
-func intervalStart(v uint32, ap netip.AddrPort) intervalElem {
-	e := intervalElem{v: v}
-	a := ap.Addr().Unmap()
-	n := copy(e.data[:], a.AsSlice())
-	e.data[n], e.data[n+1] = byte(ap.Port()>>8), byte(ap.Port())
-	e.dlen = uint8(n + 4)
-	return e
+// intervalData appends the data of a range's start holding endpoint ap to b, as the
+// kernel stores it (address . port, each padded to 4 bytes).
+func intervalData(b []byte, ap netip.AddrPort) []byte {
+	b = append(b, ap.Addr().Unmap().AsSlice()...)
+	return append(b, byte(ap.Port()>>8), byte(ap.Port()), 0, 0)
 }
 
 // diffIntervals adds the elements of an endpoint map that differ between want and got
 // (both sorted by compareIntervalElems).
 func diffIntervals(d *dataplane.Drift, set string, want, got intervalElems) {
 	i, j := 0, 0
-	for i < len(want) || j < len(got) {
+	for i < len(want.elems) || j < len(got.elems) {
 		var c int
 		switch {
-		case i == len(want):
+		case i == len(want.elems):
 			c = 1
-		case j == len(got):
+		case j == len(got.elems):
 			c = -1
 		default:
-			c = compareIntervalElems(want[i], got[j])
+			c = compareIntervalElems(want.elems[i], got.elems[j])
 		}
 		switch {
 		case c < 0:
-			d.Add("element", fmt.Sprintf("%x of %s deleted", want[i].key(), set))
+			d.Add("element", fmt.Sprintf("%x of %s deleted", want.elems[i].key(), set))
 			i++
 		case c > 0:
-			d.Add("element", fmt.Sprintf("%x of %s added", got[j].key(), set))
+			d.Add("element", fmt.Sprintf("%x of %s added", got.elems[j].key(), set))
 			j++
 		default:
-			if want[i].value() != got[j].value() {
-				d.Add("element", fmt.Sprintf("%x of %s changed", want[i].key(), set))
+			if want.value(i) != got.value(j) {
+				d.Add("element", fmt.Sprintf("%x of %s changed", want.elems[i].key(), set))
 			}
 			i++
 			j++

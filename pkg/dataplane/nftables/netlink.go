@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 	"syscall"
 
@@ -240,7 +239,10 @@ var errBatchLost = errors.New("lost the kernel's answer to a batch")
 
 // sendBatch sends msgs (the concatenated messages built by a msgBuilder, count of them)
 // as one transaction. It returns nil when the kernel committed it, the per-message
-// errors when it rejected it (nothing was applied), or another error.
+// errors when it rejected it (nothing was applied), or another error. It numbers the
+// messages in msgs itself (and asks for an ack on the last one): the batch goes out as
+// BATCH_BEGIN, msgs and BATCH_END in one sendmsg of three buffers, so that a batch of
+// megabytes is not copied once more to put the two around it.
 func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -250,43 +252,34 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	base := c.seq + 1
 	c.seq += uint32(count) + 2
 
-	var b msgBuilder
-	b.buf = getBatchBuffer(len(msgs) + 64)
-	b.buf = slices.Grow(b.buf, len(msgs)+64)
-	defer func() { putBatchBuffer(b.buf) }()
-	b.begin(unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
-	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables) // res_id
-	b.end()
-	setSeq(b.buf, 0, base)
-	off := len(b.buf)
-	b.buf = append(b.buf, msgs...)
-	lastOff := 0
+	begin, end := batchDelimiter(unix.NFNL_MSG_BATCH_BEGIN, base), batchDelimiter(unix.NFNL_MSG_BATCH_END, base+uint32(count)+1)
+	off, lastOff := 0, 0
 	for i := 0; i < count; i++ {
 		lastOff = off
-		setSeq(b.buf, off, base+1+uint32(i))
-		off += int(binary.NativeEndian.Uint32(b.buf[off:]))
+		setSeq(msgs, off, base+1+uint32(i))
+		off += int(binary.NativeEndian.Uint32(msgs[off:]))
 	}
 	// Only the last message asks for an ack: it arrives after every error of the batch.
 	if count > 0 {
-		flags := binary.NativeEndian.Uint16(b.buf[lastOff+6:])
-		binary.NativeEndian.PutUint16(b.buf[lastOff+6:], flags|unix.NLM_F_ACK)
+		flags := binary.NativeEndian.Uint16(msgs[lastOff+6:])
+		binary.NativeEndian.PutUint16(msgs[lastOff+6:], flags|unix.NLM_F_ACK)
 	}
-	endStart := len(b.buf)
-	b.begin(unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
-	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables)
-	b.end()
-	setSeq(b.buf, endStart, base+uint32(count)+1)
+	size := len(begin) + len(msgs) + len(end)
 
-	c.growSndbuf(len(b.buf) + 4096)
+	c.growSndbuf(size + 4096)
 	// Room for an error per message (header-only errors, ~1 KiB of socket accounting each).
 	c.growRcvbuf(min(count*1024+(1<<20), 256<<20))
 
-	if err := unix.Sendto(c.fd, b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, fmt.Errorf("send batch of %d messages (%d bytes): %w", count, len(b.buf), err)
+	n, err := unix.SendmsgBuffers(c.fd, [][]byte{begin, msgs, end}, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+	if err == nil && n != size {
+		err = fmt.Errorf("sent %d bytes", n)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("send batch of %d messages (%d bytes): %w", count, size, err)
 	}
 	c.stats.Batches++
 	c.stats.Messages += count
-	c.stats.BytesSent += len(b.buf)
+	c.stats.BytesSent += size
 
 	// Everything the kernel has to say is queued already; read it without blocking.
 	var errs []batchError
@@ -339,6 +332,18 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 		return nil, errBatchLost
 	}
 	return nil, nil
+}
+
+// batchDelimiter returns a BATCH_BEGIN or BATCH_END message of nf_tables' subsystem,
+// numbered seq.
+func batchDelimiter(msgType uint16, seq uint32) []byte {
+	var b msgBuilder
+	b.buf = make([]byte, 0, nlmsgHdrLen+nfgenHdrLen)
+	b.begin(msgType, unix.NLM_F_REQUEST, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(b.buf[len(b.buf)-2:], nfnlSubsysNFTables) // res_id
+	b.end()
+	setSeq(b.buf, 0, seq)
+	return b.buf
 }
 
 func setSeq(buf []byte, off int, seq uint32) { binary.NativeEndian.PutUint32(buf[off+8:], seq) }

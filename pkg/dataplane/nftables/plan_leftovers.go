@@ -20,8 +20,8 @@ func (p *planner) planLeftovers() {
 			// delete by walking its tree, and deleting the shared-value elements of two
 			// adjacent ranges out of that order fails (ENOENT).
 			var del []elemDef
-			for i := range s.intervals {
-				if k := s.intervals[i].key(); !p.inWantedBlock(set, k) {
+			for i := range s.intervals.elems {
+				if k := s.intervals.elems[i].key(); !p.inWantedBlock(set, k) {
 					del = append(del, elemDef{set: set, key: k})
 				}
 			}

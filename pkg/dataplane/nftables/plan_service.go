@@ -54,6 +54,10 @@ func (p *planner) preclaim(names []types.NamespacedName) {
 		}
 		total += len(objs.elems)
 		elems[svc] = objs.elems
+		if prev := p.in.prevRecords[svc]; prev != nil && slices.Equal(prev.elems, objs.elems) {
+			// The claims then share the record's strings (see planService).
+			elems[svc] = prev.elems
+		}
 	}
 	// Most elements have one claimant: their claim lists are carved out of one array.
 	p.claims = make(map[elemRef][]claim, total)
@@ -121,6 +125,12 @@ func (p *planner) planService(svc types.NamespacedName) {
 			p.putRecord(svc, nil)
 		}
 	} else {
+		if prev := p.in.prevRecords[svc]; p.in.full && prev != nil && prev.equal(rec) {
+			// A full resync finds most Services as they were: their records stay, and
+			// the ones just built are garbage at once rather than a second copy of
+			// every record held until the resync ends.
+			rec = prev
+		}
 		p.putRecord(svc, rec)
 	}
 }

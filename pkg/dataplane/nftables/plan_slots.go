@@ -177,13 +177,13 @@ func (p *planner) planBlockAgainstKernel(set string, base uint32, eps []model.En
 		kernel = s.intervals
 	}
 	in := kernel.inBlock(base)
-	if len(in) == 2*len(eps) {
+	if len(in.elems) == 2*len(eps) {
 		exact := true
 		for j := range eps {
 			lo, hi := blockRange(base, j, len(eps))
-			start, end := &in[2*j], &in[2*j+1]
+			start, end := &in.elems[2*j], &in.elems[2*j+1]
 			if start.end || start.v != lo || !end.end || end.v != hi ||
-				start.value() != endpointValue(p.f, eps[j].AddrPort()) {
+				in.value(2*j) != endpointValue(p.f, eps[j].AddrPort()) {
 				exact = false
 				break
 			}
@@ -192,8 +192,8 @@ func (p *planner) planBlockAgainstKernel(set string, base uint32, eps []model.En
 			return
 		}
 	}
-	for i := range in {
-		sc.delElems = append(sc.delElems, elemDef{set: set, key: in[i].key()})
+	for i := range in.elems {
+		sc.delElems = append(sc.delElems, elemDef{set: set, key: in.elems[i].key()})
 	}
 	sc.addElems = appendRanges(p.f, sc.addElems, set, base, eps, true)
 }

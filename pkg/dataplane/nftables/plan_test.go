@@ -4,7 +4,6 @@ import (
 	"flag"
 	"net/netip"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +44,7 @@ func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 		// elements the model keeps only in the records.
 		for name, s := range k.state.sets {
 			if isEndpointMap(name) {
-				s.intervals = nil
+				s.intervals = intervalElems{}
 			}
 		}
 		for _, r := range k.state.services {
@@ -54,16 +53,15 @@ func (k *fakeKernel) plan(ns *model.NodeState, ch model.Changes) *Plan {
 					for i, ep := range sl.eps {
 						v := endpointValue(k.cfg.f, ep.AddrPort())
 						lo, hi := blockRange(sl.base, i, len(sl.eps))
-						e := intervalElem{v: lo, dlen: uint8(len(v) - 1)}
-						copy(e.data[:], v[1:])
-						s.intervals = append(s.intervals, e, intervalElem{v: hi, end: true})
+						s.intervals.add(lo, false, []byte(v[1:]))
+						s.intervals.add(hi, true, nil)
 					}
 				}
 			}
 		}
 		for name, s := range k.state.sets {
 			if isEndpointMap(name) {
-				slices.SortFunc(s.intervals, compareIntervalElems)
+				s.intervals.sort()
 			}
 		}
 	}

@@ -98,16 +98,22 @@ type setState struct {
 }
 
 // intervalElem is one element of an endpoint map: a range's start (with its endpoint:
-// address . port, each padded to 4 bytes) or its end.
+// address . port, each padded to 4 bytes, dlen bytes at off in its intervalElems' data)
+// or its end (no data).
 type intervalElem struct {
 	v    uint32
+	off  uint32
 	end  bool
 	dlen uint8
-	data [20]byte
 }
 
 // intervalElems are elements sorted as nft sends them: by value, an end before a start.
-type intervalElems []intervalElem
+// The starts' data are kept apart in one array: in IPv4 an endpoint takes 8 bytes, and
+// elements with room for IPv6's 20 were 28 bytes each, 5.6 MB at 10 000 x 10.
+type intervalElems struct {
+	elems []intervalElem
+	data  []byte
+}
 
 func compareIntervalElems(a, b intervalElem) int {
 	if a.v != b.v {
@@ -122,20 +128,44 @@ func compareIntervalElems(a, b intervalElem) int {
 	return 1
 }
 
+// add appends an element (data nil for an end).
+func (es *intervalElems) add(v uint32, end bool, data []byte) {
+	es.elems = append(es.elems, intervalElem{v: v, off: uint32(len(es.data)), end: end, dlen: uint8(len(data))})
+	es.data = append(es.data, data...)
+}
+
+// sort puts the elements in nft's order.
+func (es intervalElems) sort() { slices.SortFunc(es.elems, compareIntervalElems) }
+
+// reset empties es, keeping its arrays.
+func (es *intervalElems) reset() { es.elems, es.data = es.elems[:0], es.data[:0] }
+
+// clone returns a copy of es at its exact size (nil arrays when it is empty).
+func (es intervalElems) clone() intervalElems {
+	if len(es.elems) == 0 {
+		return intervalElems{}
+	}
+	return intervalElems{elems: slices.Clone(es.elems), data: slices.Clone(es.data)}
+}
+
 // inBlock returns the elements of the block at base, in order: starts in [base, base+S),
 // ends in (base, base+S].
 func (es intervalElems) inBlock(base uint32) intervalElems {
-	i, _ := slices.BinarySearchFunc(es, intervalElem{v: base, end: false}, compareIntervalElems)
+	el := es.elems
+	i, _ := slices.BinarySearchFunc(el, intervalElem{v: base, end: false}, compareIntervalElems)
 	j := i
 	last := uint64(base) + endpointBlockSize
-	for j < len(es) && (uint64(es[j].v) < last || uint64(es[j].v) == last && es[j].end) {
+	for j < len(el) && (uint64(el[j].v) < last || uint64(el[j].v) == last && el[j].end) {
 		j++
 	}
-	return es[i:j]
+	return intervalElems{elems: el[i:j], data: es.data}
 }
 
-// value returns a start element's value as endpointValue spells it.
-func (e *intervalElem) value() string { return "=" + string(e.data[:e.dlen]) }
+// value returns the value of start element i as endpointValue spells it.
+func (es intervalElems) value(i int) string {
+	e := &es.elems[i]
+	return "=" + string(es.data[e.off:e.off+uint32(e.dlen)])
+}
 
 // key returns the element's key as the planner names it (startKey or endKey).
 func (e *intervalElem) key() string {
@@ -165,6 +195,16 @@ type serviceRecord struct {
 	// only, so they need no claims, and the model keeps them nowhere else: between full
 	// resyncs the records are the model of the endpoint maps.
 	slots []slotRecord
+}
+
+// equal reports whether r and o give a Service the same objects, with the same endpoint
+// lists (the model's slices themselves, not equal copies: a record keeps its list alive).
+func (r *serviceRecord) equal(o *serviceRecord) bool {
+	return slices.Equal(r.chains, o.chains) && slices.Equal(r.sets, o.sets) && slices.Equal(r.elems, o.elems) &&
+		slices.EqualFunc(r.slots, o.slots, func(a, b slotRecord) bool {
+			return a.chain == b.chain && a.set == b.set && a.base == b.base && len(a.eps) == len(b.eps) &&
+				(len(a.eps) == 0 || &a.eps[0] == &b.eps[0])
+		})
 }
 
 // slotRecord is one chain's endpoints in an endpoint map: the block at base holds
