@@ -108,26 +108,32 @@ func conditions(ready, serving, terminating bool) func(*discoveryv1.Endpoint) {
 var terminatingServing = conditions(false, true, true)
 var terminatingNotServing = conditions(false, false, true)
 
+// zoneHints adds zone hints to an endpoint.
 func zoneHints(zones ...string) func(*discoveryv1.Endpoint) {
 	return func(e *discoveryv1.Endpoint) {
-		if e.Hints == nil {
-			e.Hints = &discoveryv1.EndpointHints{}
-		}
+		h := hintsOf(e)
 		for _, z := range zones {
-			e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
+			h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: z})
 		}
 	}
 }
 
+// nodeHints adds node hints to an endpoint.
 func nodeHints(nodes ...string) func(*discoveryv1.Endpoint) {
 	return func(e *discoveryv1.Endpoint) {
-		if e.Hints == nil {
-			e.Hints = &discoveryv1.EndpointHints{}
-		}
+		h := hintsOf(e)
 		for _, n := range nodes {
-			e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+			h.ForNodes = append(h.ForNodes, discoveryv1.ForNode{Name: n})
 		}
 	}
+}
+
+// hintsOf returns e's hints, giving it empty ones first if it has none.
+func hintsOf(e *discoveryv1.Endpoint) *discoveryv1.EndpointHints {
+	if e.Hints == nil {
+		e.Hints = &discoveryv1.EndpointHints{}
+	}
+	return e.Hints
 }
 
 func addrs(ss ...string) []netip.Addr {
