@@ -136,21 +136,11 @@ func hintsOf(e *discoveryv1.Endpoint) *discoveryv1.EndpointHints {
 	return e.Hints
 }
 
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
-	}
-	return out
-}
-
-func prefixes(ss ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range ss {
-		out = append(out, netip.MustParsePrefix(s))
-	}
-	return out
-}
+// Short names for the tables of addresses and CIDRs.
+var (
+	addrs    = modeltest.Addrs
+	prefixes = modeltest.Prefixes
+)
 
 // endpointStrings renders endpoints as "ip:port" for compact comparisons; nil stays nil.
 func endpointStrings(eps []Endpoint) []string {
