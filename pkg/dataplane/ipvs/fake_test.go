@@ -679,7 +679,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 				}
 				for c, rules := range cur.chains {
 					for _, r := range rules {
-						if target := targetOf(strings.Split(r, "\x00")); target == chain {
+						if target := xtables.TargetOf(strings.Split(r, "\x00")); target == chain {
 							return fail("chain %s is referenced by %s", chain, c)
 						}
 					}
@@ -701,7 +701,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 
 func (f fakeIPTables) validateRule(t *fakeTable, r string) error {
 	args := strings.Split(r, "\x00")
-	target := targetOf(args)
+	target := xtables.TargetOf(args)
 	if target == "" {
 		return fmt.Errorf("rule %q has no target", strings.Join(args, " "))
 	}
@@ -716,16 +716,6 @@ func (f fakeIPTables) validateRule(t *fakeTable, r string) error {
 		}
 	}
 	return nil
-}
-
-// targetOf returns a rule's -j or -g target.
-func targetOf(args []string) string {
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-j" || args[i] == "-g" {
-			return args[i+1]
-		}
-	}
-	return ""
 }
 
 // rules returns a chain's rules as "-A chain ..." lines.
