@@ -328,11 +328,8 @@ func (f fakeLinks) CreateDummy(name string) error {
 }
 
 func (f fakeLinks) DeleteLink(name string) error {
-	if err := f.k.check("delete-link " + name); err != nil {
+	if _, err := f.link("delete-link "+name, name, kerr(unix.ENODEV, errNotExist)); err != nil {
 		return err
-	}
-	if _, ok := f.k.links[name]; !ok {
-		return kerr(unix.ENODEV, errNotExist)
 	}
 	delete(f.k.links, name)
 	delete(f.k.dummies, name)
@@ -342,12 +339,10 @@ func (f fakeLinks) DeleteLink(name string) error {
 
 func (f fakeLinks) AddAddr(name string, a netip.Addr) error {
 	call := "add-addr " + name + " " + a.String()
-	if err := f.k.check(call); err != nil {
+	// Adding to a missing link is an error, not "already so".
+	addrs, err := f.link(call, name, fmt.Errorf("fake link %s: %w", name, unix.ENODEV))
+	if err != nil {
 		return err
-	}
-	addrs, ok := f.k.links[name]
-	if !ok {
-		return fmt.Errorf("fake link %s: %w", name, unix.ENODEV)
 	}
 	if slices.Contains(addrs, a) {
 		return kerr(unix.EEXIST, errExist)
@@ -359,12 +354,9 @@ func (f fakeLinks) AddAddr(name string, a netip.Addr) error {
 
 func (f fakeLinks) DelAddr(name string, a netip.Addr) error {
 	call := "del-addr " + name + " " + a.String()
-	if err := f.k.check(call); err != nil {
+	addrs, err := f.link(call, name, kerr(unix.ENODEV, errNotExist))
+	if err != nil {
 		return err
-	}
-	addrs, ok := f.k.links[name]
-	if !ok {
-		return kerr(unix.ENODEV, errNotExist)
 	}
 	i := slices.Index(addrs, a)
 	if i < 0 {
@@ -373,6 +365,19 @@ func (f fakeLinks) DelAddr(name string, a netip.Addr) error {
 	f.k.links[name] = slices.Delete(addrs, i, i+1)
 	f.k.record(call)
 	return nil
+}
+
+// link checks call against the injected failures and returns the addresses of the link it
+// names, or missing when there is no such link.
+func (f fakeLinks) link(call, name string, missing error) ([]netip.Addr, error) {
+	if err := f.k.check(call); err != nil {
+		return nil, err
+	}
+	addrs, ok := f.k.links[name]
+	if !ok {
+		return nil, missing
+	}
+	return addrs, nil
 }
 
 func (f fakeLinks) Addrs() ([]linkAddr, error) {
