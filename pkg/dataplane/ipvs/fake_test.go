@@ -488,32 +488,39 @@ func (f fakeIPSets) validEntry(s *fakeSet, t ipsetType, e setEntry) error {
 }
 
 func (f fakeIPSets) Add(name string, t ipsetType, e setEntry) error {
-	call := "add-entry " + name + " " + e.String()
-	s, err := f.set(call, name)
-	if err != nil {
-		return err
-	}
-	if err := f.validEntry(s, t, e); err != nil {
-		return err
-	}
-	if s.entries[e] {
-		return &kernelError{err: errors.New("element exists"), kind: errExist}
-	}
-	s.entries[e] = true
-	f.k.record(call)
-	return nil
+	return f.entryOp("add-entry", name, e, func(s *fakeSet) error {
+		if err := f.validEntry(s, t, e); err != nil {
+			return err
+		}
+		if s.entries[e] {
+			return &kernelError{err: errors.New("element exists"), kind: errExist}
+		}
+		s.entries[e] = true
+		return nil
+	})
 }
 
 func (f fakeIPSets) Del(name string, t ipsetType, e setEntry) error {
-	call := "del-entry " + name + " " + e.String()
+	return f.entryOp("del-entry", name, e, func(s *fakeSet) error {
+		if !s.entries[e] {
+			return &kernelError{err: errors.New("element missing"), kind: errNotExist}
+		}
+		delete(s.entries, e)
+		return nil
+	})
+}
+
+// entryOp runs op, an entry's change to the set it names, and records the call when op
+// succeeds.
+func (f fakeIPSets) entryOp(verb, name string, e setEntry, op func(*fakeSet) error) error {
+	call := verb + " " + name + " " + e.String()
 	s, err := f.set(call, name)
 	if err != nil {
 		return err
 	}
-	if !s.entries[e] {
-		return &kernelError{err: errors.New("element missing"), kind: errNotExist}
+	if err := op(s); err != nil {
+		return err
 	}
-	delete(s.entries, e)
 	f.k.record(call)
 	return nil
 }
