@@ -188,12 +188,9 @@ func (f fakeIPVS) AddService(key vsKey, p vsParams) error {
 
 func (f fakeIPVS) UpdateService(key vsKey, p vsParams) error {
 	call := "update-vs " + key.String()
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	if err := f.validate(key, p); err != nil {
 		return err
@@ -205,25 +202,32 @@ func (f fakeIPVS) UpdateService(key vsKey, p vsParams) error {
 
 func (f fakeIPVS) DeleteService(key vsKey) error {
 	call := "delete-vs " + key.String()
-	if err := f.k.check(call); err != nil {
+	if _, err := f.vs(call, key); err != nil {
 		return err
-	}
-	if _, ok := f.k.services[key]; !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	delete(f.k.services, key)
 	f.k.record(call)
 	return nil
 }
 
-func (f fakeIPVS) AddDestination(key vsKey, rs netip.AddrPort, weight int) error {
-	call := "add-rs " + key.String() + " " + rs.String()
+// vs checks call against the injected failures and returns the virtual server it names,
+// or the kernel's ESRCH.
+func (f fakeIPVS) vs(call string, key vsKey) (*fakeVS, error) {
 	if err := f.k.check(call); err != nil {
-		return err
+		return nil, err
 	}
 	vs, ok := f.k.services[key]
 	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
+		return nil, kerr(unix.ESRCH, errNotExist)
+	}
+	return vs, nil
+}
+
+func (f fakeIPVS) AddDestination(key vsKey, rs netip.AddrPort, weight int) error {
+	call := "add-rs " + key.String() + " " + rs.String()
+	vs, err := f.vs(call, key)
+	if err != nil {
+		return err
 	}
 	if !rs.IsValid() || rs.Port() == 0 || rs.Addr().Is4() != key.Addr.Is4() || weight < 0 {
 		return fmt.Errorf("fake IPVS: invalid real server %v weight %d for %v: %w", rs, weight, key, unix.EINVAL)
@@ -238,12 +242,9 @@ func (f fakeIPVS) AddDestination(key vsKey, rs netip.AddrPort, weight int) error
 
 func (f fakeIPVS) UpdateDestination(key vsKey, rs netip.AddrPort, weight int) error {
 	call := fmt.Sprintf("update-rs %s %s weight %d", key, rs, weight)
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	d, ok := vs.dests[rs]
 	if !ok {
@@ -259,12 +260,9 @@ func (f fakeIPVS) UpdateDestination(key vsKey, rs netip.AddrPort, weight int) er
 
 func (f fakeIPVS) DeleteDestination(key vsKey, rs netip.AddrPort) error {
 	call := "delete-rs " + key.String() + " " + rs.String()
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	if _, ok := vs.dests[rs]; !ok {
 		return kerr(unix.ENOENT, errNotExist)
