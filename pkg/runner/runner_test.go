@@ -156,32 +156,41 @@ func defaultConfig() Config {
 	return Config{Name: "test", MinInterval: minI, RetryInterval: retryI, MaxInterval: maxI}
 }
 
-func TestBurstBeforeLoopCollapsesIntoOneRun(t *testing.T) {
-	h := newHarness(t, defaultConfig())
-	for range 100 {
-		h.r.Run()
+// TestBurstCollapsesIntoOneRun: a burst of Run calls, before the loop starts or while fn
+// runs, makes one run (after MinInterval for the burst during a run) and no more.
+func TestBurstCollapsesIntoOneRun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// burst makes the burst and everything up to the one run it is due to make.
+		burst func(h *harness)
+	}{
+		{name: "before the loop starts", burst: func(h *harness) {
+			for range 100 {
+				h.r.Run()
+			}
+			h.start()
+		}},
+		{name: "during a run, after MinInterval", burst: func(h *harness) {
+			h.start()
+			h.r.Run()
+			h.duringRun(func() {
+				for range 50 {
+					h.r.Run() // while fn is running
+				}
+			}, outcome{})
+			h.waitForTimers(2)
+			h.expectNoRun() // held back by MinInterval
+			h.clock.Step(minI)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, defaultConfig())
+			tc.burst(h)
+			h.expectRun(outcome{})
+			h.waitOutMinInterval()
+			h.expectNoRun()
+		})
 	}
-	h.start()
-	h.expectRun(outcome{})
-	h.waitOutMinInterval()
-	h.expectNoRun()
-}
-
-func TestBurstDuringRunCollapsesIntoOneRunAfterMinInterval(t *testing.T) {
-	h := newHarness(t, defaultConfig())
-	h.start()
-	h.r.Run()
-	h.duringRun(func() {
-		for range 50 {
-			h.r.Run() // while fn is running
-		}
-	}, outcome{})
-	h.waitForTimers(2)
-	h.expectNoRun() // held back by MinInterval
-	h.clock.Step(minI)
-	h.expectRun(outcome{})
-	h.waitOutMinInterval()
-	h.expectNoRun()
 }
 
 func TestMinIntervalSeparatesEndOfRunFromNextStart(t *testing.T) {
