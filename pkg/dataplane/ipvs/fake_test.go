@@ -98,6 +98,20 @@ func (k *fakeKernel) check(call string) error {
 
 func (k *fakeKernel) record(call string) { k.calls = append(k.calls, call) }
 
+// lookup checks call against the injected failures and returns what m holds under key, or
+// missing when it holds nothing there: the first step of an operation on one kernel object.
+func lookup[K comparable, V any](k *fakeKernel, call string, m map[K]V, key K, missing error) (V, error) {
+	var zero V
+	if err := k.check(call); err != nil {
+		return zero, err
+	}
+	v, ok := m[key]
+	if !ok {
+		return zero, missing
+	}
+	return v, nil
+}
+
 // errInjected is what injected faults return.
 var errInjected = errors.New("injected fault")
 
@@ -213,14 +227,7 @@ func (f fakeIPVS) DeleteService(key vsKey) error {
 // vs checks call against the injected failures and returns the virtual server it names,
 // or the kernel's ESRCH.
 func (f fakeIPVS) vs(call string, key vsKey) (*fakeVS, error) {
-	if err := f.k.check(call); err != nil {
-		return nil, err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return nil, kerr(unix.ESRCH, errNotExist)
-	}
-	return vs, nil
+	return lookup(f.k, call, f.k.services, key, kerr(unix.ESRCH, errNotExist))
 }
 
 func (f fakeIPVS) AddDestination(key vsKey, rs netip.AddrPort, weight int) error {
@@ -368,14 +375,7 @@ func (f fakeLinks) DelAddr(name string, a netip.Addr) error {
 // link checks call against the injected failures and returns the addresses of the link it
 // names, or missing when there is no such link.
 func (f fakeLinks) link(call, name string, missing error) ([]netip.Addr, error) {
-	if err := f.k.check(call); err != nil {
-		return nil, err
-	}
-	addrs, ok := f.k.links[name]
-	if !ok {
-		return nil, missing
-	}
-	return addrs, nil
+	return lookup(f.k, call, f.k.links, name, missing)
 }
 
 func (f fakeLinks) Addrs() ([]linkAddr, error) {
@@ -447,14 +447,7 @@ func (f fakeIPSets) Destroy(name string) error {
 // set checks call against the injected failures and returns the set it names, or the
 // kernel's ENOENT.
 func (f fakeIPSets) set(call, name string) (*fakeSet, error) {
-	if err := f.k.check(call); err != nil {
-		return nil, err
-	}
-	s, ok := f.k.sets[name]
-	if !ok {
-		return nil, kerr(unix.ENOENT, errNotExist)
-	}
-	return s, nil
+	return lookup(f.k, call, f.k.sets, name, kerr(unix.ENOENT, errNotExist))
 }
 
 func (f fakeIPSets) validEntry(s *fakeSet, t ipsetType, e setEntry) error {
