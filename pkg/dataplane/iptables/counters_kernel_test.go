@@ -72,23 +72,6 @@ func datagrams(t *testing.T, n int, ns, addr string) {
 	}
 }
 
-// packetCounts reads b's packets and bytes per series.
-func packetCounts(t *testing.T, b dataplane.TrafficCounterReader) map[dataplane.CounterSeries]dataplane.TrafficCount {
-	t.Helper()
-	counts, err := b.ReadTrafficCounters()
-	if err != nil {
-		t.Fatalf("ReadTrafficCounters: %v", err)
-	}
-	out := map[dataplane.CounterSeries]dataplane.TrafficCount{}
-	for _, c := range counts {
-		t.Logf("%s/%s %s %s: %d new connections, %d packets, %d bytes", c.Port.NamespacedName, c.Port.Port, c.Port.Protocol, c.Path, c.NewConnections, c.Packets, c.Bytes)
-		if c.HasPacketsBytes {
-			out[c.CounterSeries] = dataplane.TrafficCount{Packets: c.Packets, Bytes: c.Bytes}
-		}
-	}
-	return out
-}
-
 // packetWant is what one series must count: at least conns TCP connections' packets (a
 // SYN, the handshake's ACK and the payload's segment, each with an IP header of ipHeader
 // bytes and a TCP header of at least 20), or exactly datagrams UDP datagrams of 6 bytes.
@@ -120,7 +103,7 @@ func (c counterTraffic) send(t *testing.T, b *Backend) (dataplane.CounterSeries,
 	countertest.Want(t, b, want)
 	// A NodePort's packets count on "external" only; the ClusterIP's on "cluster".
 	wantPkts := map[dataplane.CounterSeries]packetWant{cluster: {conns: n}, external: {conns: m}, dns: {datagrams: k}}
-	last := packetCounts(t, b)
+	last := countertest.Packets(t, b)
 	checkPackets(t, last, wantPkts, c.ipHeader, nil)
 	return cluster, want, wantPkts, last
 }
@@ -206,13 +189,13 @@ func TestKernelTrafficCounters(t *testing.T) {
 				t.Fatal("the endpoint change was a full sync")
 			}
 			countertest.Want(t, b, want)
-			got := packetCounts(t, b)
+			got := countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 			connectSending(t, 2, top.client, "172.30.0.10:80")
 			want[cluster] += 2
 			wantPkts[cluster] = packetWant{conns: n + 2}
 			countertest.Want(t, b, want)
-			last = packetCounts(t, b)
+			last = countertest.Packets(t, b)
 			checkPackets(t, last, wantPkts, 20, got)
 
 			// Another Service's change (a partial sync) and a full sync keep them.
@@ -220,7 +203,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 			kApply(t, b, state(), changed("ns/plain"))
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
-			got = packetCounts(t, b)
+			got = countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 
 			// A restarted sluice (a new backend, whose first sync is full) finds the
@@ -228,7 +211,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 			b = newKernelBackend(t, f)
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
-			got = packetCounts(t, b)
+			got = countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 
 			c := dataplane.NewTrafficCounterCollector(klog.Background(), b)
@@ -289,11 +272,11 @@ func TestKernelTrafficCountersIPv6(t *testing.T) {
 			if res := kApply(t, b, state(), changed("ns/v6")); res.Full {
 				t.Fatal("the endpoint change was a full sync")
 			}
-			got := packetCounts(t, b)
+			got := countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 40, last)
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
-			checkPackets(t, packetCounts(t, b), wantPkts, 40, got)
+			checkPackets(t, countertest.Packets(t, b), wantPkts, 40, got)
 		})
 	}
 }
