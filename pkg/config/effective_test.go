@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 var (
@@ -46,13 +47,8 @@ func effectiveFor(t *testing.T, mode string, modify func(*v1alpha1.KubeProxyConf
 	return e
 }
 
-func prefixes(s ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range s {
-		out = append(out, netip.MustParsePrefix(p))
-	}
-	return out
-}
+// prefixes is a short name for the tables.
+var prefixes = modeltest.Prefixes
 
 func TestNodePortAddressesPerFamily(t *testing.T) {
 	tests := []struct {

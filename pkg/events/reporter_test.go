@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -15,6 +14,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/asynctest"
 )
 
 // Test conventions: the node is "node-a"; the fake clock starts at t0; the rate-limit
@@ -36,26 +36,15 @@ type recorded struct {
 	action, note      string
 }
 
-// fakeRecorder keeps every Event it is given.
-type fakeRecorder struct {
-	mu     sync.Mutex
-	events []recorded
-}
+// fakeRecorder keeps every Event it is given, until the test takes them.
+type fakeRecorder struct{ events asynctest.Log[recorded] }
 
 func (f *fakeRecorder) Eventf(regarding runtime.Object, _ runtime.Object, eventtype, reason, action, note string, args ...interface{}) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	ref, _ := regarding.(*v1.ObjectReference)
-	f.events = append(f.events, recorded{ref, eventtype, reason, action, fmt.Sprintf(note, args...)})
+	f.events.Add(recorded{ref, eventtype, reason, action, fmt.Sprintf(note, args...)})
 }
 
-func (f *fakeRecorder) take() []recorded {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.events
-	f.events = nil
-	return out
-}
+func (f *fakeRecorder) take() []recorded { return f.events.Take() }
 
 func newTestReporter() (*Reporter, *fakeRecorder, *testingclock.FakeClock) {
 	rec := &fakeRecorder{}

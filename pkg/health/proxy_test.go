@@ -19,6 +19,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/asynctest"
 )
 
 // Test conventions: the node is "node-a"; the fake clock starts at t0 and the health
@@ -300,15 +301,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Errorf("GET /livez: %d %s", resp.StatusCode, body)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Run returned %v after cancel, want nil", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after cancel")
-	}
+	asynctest.Stop(t, "Run", cancel, done)
 }
 
 func TestRunReportsListenFailure(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/asynctest"
 )
 
 // Test conventions for the per-Service servers: healthCheckNodePorts are in 30000-30999.
@@ -99,24 +100,13 @@ type listenFailure struct {
 	err     error
 }
 
-type failureLog struct {
-	mu   sync.Mutex
-	list []listenFailure
-}
+type failureLog struct{ asynctest.Log[listenFailure] }
 
 func (l *failureLog) record(service types.NamespacedName, port int32, err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.list = append(l.list, listenFailure{service, port, err})
+	l.Add(listenFailure{service, port, err})
 }
 
-func (l *failureLog) take() []listenFailure {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := l.list
-	l.list = nil
-	return out
-}
+func (l *failureLog) take() []listenFailure { return l.Take() }
 
 func httpGet(t *testing.T, addr string) (int, http.Header, string) {
 	t.Helper()

@@ -10,6 +10,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 // benchCluster is n ClusterIP Services with one EndpointSlice of 10 ready endpoints each,
@@ -35,20 +37,20 @@ func benchCluster(n int) ([]*v1.Service, []*discoveryv1.EndpointSlice) {
 	return services, slices
 }
 
-func benchSource(services []*v1.Service, slices []*discoveryv1.EndpointSlice) *fakeSource {
-	src := newFakeSource()
+func benchSource(services []*v1.Service, slices []*discoveryv1.EndpointSlice) *modeltest.Source {
+	src := modeltest.NewSource()
 	for _, s := range services {
-		src.putService(s)
+		src.PutService(s)
 	}
 	for _, s := range slices {
-		src.putSlice(s)
+		src.PutSlice(s)
 	}
 	return src
 }
 
 // benchTracker returns a tracker over src that has been told of every Service and slice
 // (not drained yet).
-func benchTracker(src *fakeSource, services []*v1.Service, slices []*discoveryv1.EndpointSlice) *Tracker {
+func benchTracker(src *modeltest.Source, services []*v1.Service, slices []*discoveryv1.EndpointSlice) *Tracker {
 	tr := NewTracker(TrackerConfig{Source: src, Node: testNode})
 	for _, s := range services {
 		tr.OnServiceAdd(s)
@@ -99,7 +101,7 @@ func BenchmarkDrainOneEndpointChange(b *testing.B) {
 			b.ReportAllocs()
 			cpu := startCPUClock()
 			for b.Loop() {
-				src.putSlice(other)
+				src.PutSlice(other)
 				tr.OnEndpointSliceUpdate(cur, other)
 				_, changes, _ := tr.Drain()
 				if changes[IPv4].Services.Len() != 1 {

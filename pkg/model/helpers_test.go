@@ -9,8 +9,6 @@ package model
 
 import (
 	"net/netip"
-	"sort"
-	"sync"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -19,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 const testNS = "ns"
@@ -108,43 +108,39 @@ func conditions(ready, serving, terminating bool) func(*discoveryv1.Endpoint) {
 var terminatingServing = conditions(false, true, true)
 var terminatingNotServing = conditions(false, false, true)
 
+// zoneHints adds zone hints to an endpoint.
 func zoneHints(zones ...string) func(*discoveryv1.Endpoint) {
 	return func(e *discoveryv1.Endpoint) {
-		if e.Hints == nil {
-			e.Hints = &discoveryv1.EndpointHints{}
-		}
+		h := hintsOf(e)
 		for _, z := range zones {
-			e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
+			h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: z})
 		}
 	}
 }
 
+// nodeHints adds node hints to an endpoint.
 func nodeHints(nodes ...string) func(*discoveryv1.Endpoint) {
 	return func(e *discoveryv1.Endpoint) {
-		if e.Hints == nil {
-			e.Hints = &discoveryv1.EndpointHints{}
-		}
+		h := hintsOf(e)
 		for _, n := range nodes {
-			e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+			h.ForNodes = append(h.ForNodes, discoveryv1.ForNode{Name: n})
 		}
 	}
 }
 
-func addrs(ss ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range ss {
-		out = append(out, netip.MustParseAddr(s))
+// hintsOf returns e's hints, giving it empty ones first if it has none.
+func hintsOf(e *discoveryv1.Endpoint) *discoveryv1.EndpointHints {
+	if e.Hints == nil {
+		e.Hints = &discoveryv1.EndpointHints{}
 	}
-	return out
+	return e.Hints
 }
 
-func prefixes(ss ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range ss {
-		out = append(out, netip.MustParsePrefix(s))
-	}
-	return out
-}
+// Short names for the tables of addresses and CIDRs.
+var (
+	addrs    = modeltest.Addrs
+	prefixes = modeltest.Prefixes
+)
 
 // endpointStrings renders endpoints as "ip:port" for compact comparisons; nil stays nil.
 func endpointStrings(eps []Endpoint) []string {
@@ -158,111 +154,8 @@ func endpointStrings(eps []Endpoint) []string {
 	return out
 }
 
-// fakeSource is an in-memory Source: Services by name and EndpointSlices indexed by
-// Service, like the informer indexers it stands in for.
-type fakeSource struct {
-	mu        sync.RWMutex
-	services  map[types.NamespacedName]*v1.Service
-	slices    map[types.NamespacedName]*discoveryv1.EndpointSlice // by namespace/slice name
-	byService map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice
-}
-
-func newFakeSource() *fakeSource {
-	return &fakeSource{
-		services:  map[types.NamespacedName]*v1.Service{},
-		slices:    map[types.NamespacedName]*discoveryv1.EndpointSlice{},
-		byService: map[types.NamespacedName]map[string]*discoveryv1.EndpointSlice{},
-	}
-}
-
-func (s *fakeSource) Service(name types.NamespacedName) (*v1.Service, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	svc, ok := s.services[name]
-	return svc, ok
-}
-
-func (s *fakeSource) EndpointSlices(name types.NamespacedName) []*discoveryv1.EndpointSlice {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var out []*discoveryv1.EndpointSlice
-	for _, sl := range s.byService[name] {
-		out = append(out, sl)
-	}
-	return out
-}
-
-// putService stores svc and returns the object it replaced (nil if new).
-func (s *fakeSource) putService(svc *v1.Service) *v1.Service {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	old := s.services[name]
-	s.services[name] = svc
-	return old
-}
-
-func (s *fakeSource) deleteService(name types.NamespacedName) *v1.Service {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := s.services[name]
-	delete(s.services, name)
-	return old
-}
-
-func (s *fakeSource) putSlice(sl *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	key := types.NamespacedName{Namespace: sl.Namespace, Name: sl.Name}
-	old := s.slices[key]
-	s.unindex(old)
-	s.slices[key] = sl
-	if name, ok := ServiceNameOf(sl); ok {
-		if s.byService[name] == nil {
-			s.byService[name] = map[string]*discoveryv1.EndpointSlice{}
-		}
-		s.byService[name][sl.Name] = sl
-	}
-	return old
-}
-
-func (s *fakeSource) deleteSlice(key types.NamespacedName) *discoveryv1.EndpointSlice {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	old := s.slices[key]
-	s.unindex(old)
-	delete(s.slices, key)
-	return old
-}
-
-func (s *fakeSource) unindex(sl *discoveryv1.EndpointSlice) {
-	if sl == nil {
-		return
-	}
-	if name, ok := ServiceNameOf(sl); ok {
-		delete(s.byService[name], sl.Name)
-		if len(s.byService[name]) == 0 {
-			delete(s.byService, name)
-		}
-	}
-}
-
-// all returns every object, in a stable order.
-func (s *fakeSource) all() ([]*v1.Service, []*discoveryv1.EndpointSlice) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var svcs []*v1.Service
-	for _, svc := range s.services {
-		svcs = append(svcs, svc)
-	}
-	var sls []*discoveryv1.EndpointSlice
-	for _, sl := range s.slices {
-		sls = append(sls, sl)
-	}
-	sort.Slice(svcs, func(i, j int) bool { return svcs[i].Name < svcs[j].Name })
-	sort.Slice(sls, func(i, j int) bool { return sls[i].Name < sls[j].Name })
-	return svcs, sls
-}
+// The model's tests use the Source of modeltest, like the packages that feed the model.
+var _ Source = (*modeltest.Source)(nil)
 
 // diff is cmp.Diff that compares netip values with ==.
 func diff(want, got any) string {

@@ -8,6 +8,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 // applyFails reports to the tracker that the sync applied Service name in IPv4 and that
@@ -18,7 +20,7 @@ func applyFails(tr *Tracker, name string) {
 }
 
 // addFailing adds svc, drains the tracker, and reports that applying svc failed.
-func addFailing(tr *Tracker, src *fakeSource, svc *v1.Service) {
+func addFailing(tr *Tracker, src *modeltest.Source, svc *v1.Service) {
 	upsertService(tr, src, svc)
 	tr.Drain()
 	applyFails(tr, svc.Name)
@@ -26,7 +28,7 @@ func addFailing(tr *Tracker, src *fakeSource, svc *v1.Service) {
 
 // appliedAB returns an IPv4 tracker whose state, applied, holds Service a with endpoint
 // 10.0.0.1:8080 and Service b (172.30.0.2) without endpoints.
-func appliedAB() (*Tracker, *fakeSource) {
+func appliedAB() (*Tracker, *modeltest.Source) {
 	tr, src := newTestTracker(Options{Families: []IPFamily{IPv4}})
 	upsertService(tr, src, makeService("a"))
 	upsertService(tr, src, makeService("b", withClusterIPs("172.30.0.2")))

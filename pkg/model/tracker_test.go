@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
+
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 )
 
 // stateDiff compares whole NodeStates, including the unexported index.
@@ -25,22 +27,22 @@ func stateDiff(want, got map[IPFamily]*NodeState) string {
 }
 
 // newTestTracker returns a tracker over a fresh fake source.
-func newTestTracker(opts Options) (*Tracker, *fakeSource) {
-	src := newFakeSource()
+func newTestTracker(opts Options) (*Tracker, *modeltest.Source) {
+	src := modeltest.NewSource()
 	return NewTracker(TrackerConfig{Source: src, Node: testNode, Options: opts}), src
 }
 
 // upsertService stores svc and calls the matching handler.
-func upsertService(tr *Tracker, src *fakeSource, svc *v1.Service) {
-	if old := src.putService(svc); old != nil {
+func upsertService(tr *Tracker, src *modeltest.Source, svc *v1.Service) {
+	if old := src.PutService(svc); old != nil {
 		tr.OnServiceUpdate(old, svc)
 	} else {
 		tr.OnServiceAdd(svc)
 	}
 }
 
-func upsertSlice(tr *Tracker, src *fakeSource, sl *discoveryv1.EndpointSlice) {
-	if old := src.putSlice(sl); old != nil {
+func upsertSlice(tr *Tracker, src *modeltest.Source, sl *discoveryv1.EndpointSlice) {
+	if old := src.PutSlice(sl); old != nil {
 		tr.OnEndpointSliceUpdate(old, sl)
 	} else {
 		tr.OnEndpointSliceAdd(sl)
@@ -78,7 +80,7 @@ func TestTrackerFirstDrainIsFullAndMatchesCompute(t *testing.T) {
 	if info.ServiceEvents != 1 || info.EndpointSliceEvents != 1 || info.Recomputed != 1 {
 		t.Errorf("info %+v", info)
 	}
-	svcs, slices := src.all()
+	svcs, slices := src.All()
 	if d := stateDiff(Compute(svcs, slices, testNode, nil, Options{}), states); d != "" {
 		t.Errorf("tracker differs from Compute:\n%s", d)
 	}
@@ -191,7 +193,7 @@ func TestTrackerDeletedServiceReported(t *testing.T) {
 	upsertSlice(tr, src, makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.1")))
 	drainAndApply(tr)
 
-	src.deleteService(nn("a"))
+	src.DeleteService(nn("a"))
 	tr.OnServiceDelete(svc)
 	states, changes, _ := drainAndApply(tr)
 	wantChanged(t, changes[IPv4], false, "a")
@@ -226,7 +228,7 @@ func TestTrackerNodeZoneChangeRecomputesEverythingAndIsFull(t *testing.T) {
 	if states[IPv4].Node.Zone != "zone-b" {
 		t.Errorf("node %+v", states[IPv4].Node)
 	}
-	svcs, slices := src.all()
+	svcs, slices := src.All()
 	if d := stateDiff(Compute(svcs, slices, node, nil, Options{Families: []IPFamily{IPv4}}), states); d != "" {
 		t.Errorf("tracker differs from Compute:\n%s", d)
 	}
@@ -298,13 +300,13 @@ func TestTrackerSliceHandling(t *testing.T) {
 		upsertSlice(tr, src, makeSlice("b", "x-1", IPv4, 8080, makeEndpoint("10.0.0.1")))
 		states, changes, _ := drainAndApply(tr)
 		wantChanged(t, changes[IPv4], false, "a", "b")
-		svcs, slices := src.all()
+		svcs, slices := src.All()
 		if d := stateDiff(Compute(svcs, slices, testNode, nil, Options{Families: []IPFamily{IPv4}}), states); d != "" {
 			t.Errorf("tracker differs from Compute:\n%s", d)
 		}
 	})
 	t.Run("a deleted slice removes its endpoints", func(t *testing.T) {
-		tr.OnEndpointSliceDelete(src.deleteSlice(types.NamespacedName{Namespace: testNS, Name: "x-1"}))
+		tr.OnEndpointSliceDelete(src.DeleteSlice(types.NamespacedName{Namespace: testNS, Name: "x-1"}))
 		states, changes, _ := drainAndApply(tr)
 		wantChanged(t, changes[IPv4], false, "b")
 		name := ServicePortName{NamespacedName: nn("b"), Port: "p80", Protocol: TCP}
@@ -336,7 +338,7 @@ func TestTrackerPendingCounts(t *testing.T) {
 
 func TestTrackerSyncedNeedsBothCaches(t *testing.T) {
 	notified := 0
-	tr := NewTracker(TrackerConfig{Source: newFakeSource(), Notify: func() { notified++ }})
+	tr := NewTracker(TrackerConfig{Source: modeltest.NewSource(), Notify: func() { notified++ }})
 	if tr.Synced() {
 		t.Error("synced at start")
 	}
@@ -355,7 +357,7 @@ func TestTrackerSyncedNeedsBothCaches(t *testing.T) {
 
 func TestTrackerTriggerTimes(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	src := newFakeSource()
+	src := modeltest.NewSource()
 	tr := NewTracker(TrackerConfig{Source: src, Node: testNode, StartTime: start, Options: Options{Families: []IPFamily{IPv4}}})
 	at := func(sl *discoveryv1.EndpointSlice, ts time.Time, rv int) *discoveryv1.EndpointSlice {
 		sl.Annotations = map[string]string{v1.EndpointsLastChangeTriggerTime: ts.Format(time.RFC3339Nano)}
@@ -374,7 +376,7 @@ func TestTrackerTriggerTimes(t *testing.T) {
 	}
 
 	// An update that keeps the annotation was not triggered by a new change.
-	sl := src.slices[types.NamespacedName{Namespace: testNS, Name: "b-1"}].DeepCopy()
+	sl := src.Slice(types.NamespacedName{Namespace: testNS, Name: "b-1"}).DeepCopy()
 	sl.ResourceVersion = "3"
 	sl.Labels["extra"] = "x"
 	upsertSlice(tr, src, sl)
@@ -569,19 +571,19 @@ func TestTrackerMatchesComputeOnRandomChanges(t *testing.T) {
 				case op < 5:
 					upsertService(tr, src, w.service())
 				case op < 6:
-					if old := src.deleteService(nn(w.serviceName())); old != nil {
+					if old := src.DeleteService(nn(w.serviceName())); old != nil {
 						tr.OnServiceDelete(old)
 					}
 				case op < 11:
 					upsertSlice(tr, src, w.slice())
 				case op < 13:
 					s := w.slice()
-					if old := src.deleteSlice(types.NamespacedName{Namespace: testNS, Name: s.Name}); old != nil {
+					if old := src.DeleteSlice(types.NamespacedName{Namespace: testNS, Name: s.Name}); old != nil {
 						tr.OnEndpointSliceDelete(old)
 					}
 				case op < 14:
 					// Resync and no-op updates.
-					svcs, slices := src.all()
+					svcs, slices := src.All()
 					for _, s := range svcs {
 						tr.OnServiceUpdate(s, s)
 					}
@@ -601,7 +603,7 @@ func TestTrackerMatchesComputeOnRandomChanges(t *testing.T) {
 					tr.OnServiceCIDRsChange(cidrs)
 				default:
 					states, changes, _ := tr.Drain()
-					svcs, slices := src.all()
+					svcs, slices := src.All()
 					if d := stateDiff(Compute(svcs, slices, node, cidrs, opts), states); d != "" {
 						t.Fatalf("step %d: tracker differs from Compute (-compute +tracker):\n%s", step, d)
 					}
@@ -664,7 +666,7 @@ func applyView(v appliedView, st *NodeState, names sets.Set[types.NamespacedName
 // goroutine drains and a reader takes snapshots; run it with -race. Once everything has
 // settled, a last Drain must agree with Compute.
 func TestTrackerConcurrentHandlersAndDrain(t *testing.T) {
-	src := newFakeSource()
+	src := modeltest.NewSource()
 	var notified atomic.Int64
 	tr := NewTracker(TrackerConfig{Source: src, Node: testNode, Notify: func() { notified.Add(1) }})
 	var srcMu sync.Mutex // serialises store update + handler, as one informer does per object kind
@@ -681,7 +683,7 @@ func TestTrackerConcurrentHandlersAndDrain(t *testing.T) {
 				case 0:
 					upsertService(tr, src, w.service())
 				case 1:
-					if old := src.deleteService(nn(w.serviceName())); old != nil {
+					if old := src.DeleteService(nn(w.serviceName())); old != nil {
 						tr.OnServiceDelete(old)
 					}
 				default:
@@ -725,7 +727,7 @@ func TestTrackerConcurrentHandlersAndDrain(t *testing.T) {
 
 	tr.OnNodeChange(testNode)
 	states, _, _ := tr.Drain()
-	svcs, slices := src.all()
+	svcs, slices := src.All()
 	if d := stateDiff(Compute(svcs, slices, testNode, nil, Options{}), states); d != "" {
 		t.Errorf("tracker differs from Compute after concurrent changes:\n%s", d)
 	}

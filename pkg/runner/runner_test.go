@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/metrics"
 	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
+	"github.com/sluiceproxy/sluice/test/asynctest"
 )
 
 // Test conventions: every test drives the runner with a fake clock. fn hands each call to
@@ -139,18 +140,10 @@ func (h *harness) expectRunAfter(d time.Duration, o outcome) {
 }
 
 // stopLoop cancels the context of a loop started with done <- Loop(ctx) and checks that
-// it returns nil within 5 s.
+// it returns nil in time.
 func stopLoop(t *testing.T, cancel context.CancelFunc, done <-chan error) {
 	t.Helper()
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Loop returned %v, want nil", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Loop did not return after cancel")
-	}
+	asynctest.Stop(t, "Loop", cancel, done)
 }
 
 const (
@@ -163,32 +156,41 @@ func defaultConfig() Config {
 	return Config{Name: "test", MinInterval: minI, RetryInterval: retryI, MaxInterval: maxI}
 }
 
-func TestBurstBeforeLoopCollapsesIntoOneRun(t *testing.T) {
-	h := newHarness(t, defaultConfig())
-	for range 100 {
-		h.r.Run()
+// TestBurstCollapsesIntoOneRun: a burst of Run calls, before the loop starts or while fn
+// runs, makes one run (after MinInterval for the burst during a run) and no more.
+func TestBurstCollapsesIntoOneRun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// burst makes the burst and everything up to the one run it is due to make.
+		burst func(h *harness)
+	}{
+		{name: "before the loop starts", burst: func(h *harness) {
+			for range 100 {
+				h.r.Run()
+			}
+			h.start()
+		}},
+		{name: "during a run, after MinInterval", burst: func(h *harness) {
+			h.start()
+			h.r.Run()
+			h.duringRun(func() {
+				for range 50 {
+					h.r.Run() // while fn is running
+				}
+			}, outcome{})
+			h.waitForTimers(2)
+			h.expectNoRun() // held back by MinInterval
+			h.clock.Step(minI)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, defaultConfig())
+			tc.burst(h)
+			h.expectRun(outcome{})
+			h.waitOutMinInterval()
+			h.expectNoRun()
+		})
 	}
-	h.start()
-	h.expectRun(outcome{})
-	h.waitOutMinInterval()
-	h.expectNoRun()
-}
-
-func TestBurstDuringRunCollapsesIntoOneRunAfterMinInterval(t *testing.T) {
-	h := newHarness(t, defaultConfig())
-	h.start()
-	h.r.Run()
-	h.duringRun(func() {
-		for range 50 {
-			h.r.Run() // while fn is running
-		}
-	}, outcome{})
-	h.waitForTimers(2)
-	h.expectNoRun() // held back by MinInterval
-	h.clock.Step(minI)
-	h.expectRun(outcome{})
-	h.waitOutMinInterval()
-	h.expectNoRun()
 }
 
 func TestMinIntervalSeparatesEndOfRunFromNextStart(t *testing.T) {
@@ -520,20 +522,7 @@ func TestStopLetsTheRunInProgressFinish(t *testing.T) {
 					t.Fatal("the run's context was not cancelled")
 				}
 			}
-			select {
-			case err := <-done:
-				if !tc.wantCancel {
-					t.Fatalf("Loop returned (%v) while the run was still going", err)
-				}
-			case <-time.After(20 * time.Millisecond):
-				if tc.wantCancel {
-					t.Fatal("Loop did not return after its run was cancelled")
-				}
-				close(release)
-				if err := <-done; err != nil {
-					t.Fatalf("Loop returned %v", err)
-				}
-			}
+			asynctest.StoppedDuringWork(t, "Loop", "run", done, 20*time.Millisecond, tc.wantCancel, func() { close(release) })
 			// Nothing runs after the stop.
 			select {
 			case <-started:

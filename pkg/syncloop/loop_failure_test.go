@@ -17,6 +17,7 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/metrics/metricstest"
 	"github.com/sluiceproxy/sluice/pkg/model"
 	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
+	"github.com/sluiceproxy/sluice/test/asynctest"
 )
 
 // Tests of the failure rule (a Service the backend rejects keeps its last good version
@@ -344,20 +345,7 @@ func TestStopLetsTheSyncInProgressFinish(t *testing.T) {
 			cancel() // SIGTERM
 			waitForWaiters(t, fc, 1)
 			fc.Step(tc.step)
-			select {
-			case err := <-done:
-				if !tc.wantErr {
-					t.Fatalf("Run returned (%v) while the sync was in progress", err)
-				}
-			case <-time.After(50 * time.Millisecond):
-				if tc.wantErr {
-					t.Fatal("the sync was not cancelled after the grace period")
-				}
-				close(slow.release)
-				if err := <-done; err != nil {
-					t.Fatalf("Run returned %v", err)
-				}
-			}
+			asynctest.StoppedDuringWork(t, "Run", "sync", done, 50*time.Millisecond, tc.wantErr, func() { close(slow.release) })
 			res := h.backend.LastResult()
 			if tc.wantErr != (res.Err != nil) {
 				t.Fatalf("the apply returned %v", res.Err)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/pkg/model/modeltest"
 	"github.com/sluiceproxy/sluice/pkg/syncloop"
 )
 
@@ -43,7 +44,7 @@ type Harness struct {
 	Loop    *syncloop.Loop
 	// Reports counts the Events the loop asked for.
 	Reports *Reports
-	src     *source
+	src     *modeltest.Source // the tracker's view of the API: what Set stored
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -67,7 +68,7 @@ func New(t testing.TB, cfg Config) *Harness {
 	for _, b := range cfg.Backends {
 		families = append(families, b.Family())
 	}
-	h := &Harness{Reports: &Reports{failed: map[types.NamespacedName]int{}}, src: &source{services: map[types.NamespacedName]*v1.Service{}, slices: map[types.NamespacedName]*discoveryv1.EndpointSlice{}}}
+	h := &Harness{Reports: &Reports{failed: map[types.NamespacedName]int{}}, src: modeltest.NewSource()}
 	h.Tracker = model.NewTracker(model.TrackerConfig{
 		Source: h.src, Node: cfg.Node, Options: model.Options{Families: families},
 		Notify: func() {
@@ -108,13 +109,13 @@ func (h *Harness) Set(objs ...any) {
 	for _, o := range objs {
 		switch o := o.(type) {
 		case *v1.Service:
-			if old := h.src.putService(o); old != nil {
+			if old := h.src.PutService(o); old != nil {
 				h.Tracker.OnServiceUpdate(old, o)
 			} else {
 				h.Tracker.OnServiceAdd(o)
 			}
 		case *discoveryv1.EndpointSlice:
-			if old := h.src.putSlice(o); old != nil {
+			if old := h.src.PutSlice(o); old != nil {
 				h.Tracker.OnEndpointSliceUpdate(old, o)
 			} else {
 				h.Tracker.OnEndpointSliceAdd(o)
@@ -238,48 +239,4 @@ func Eventually(t testing.TB, what string, timeout time.Duration, cond func() st
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// source is the tracker's view of the API: what Set stored.
-type source struct {
-	mu       sync.Mutex
-	services map[types.NamespacedName]*v1.Service
-	slices   map[types.NamespacedName]*discoveryv1.EndpointSlice
-}
-
-func (s *source) putService(svc *v1.Service) *v1.Service {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	old := s.services[n]
-	s.services[n] = svc
-	return old
-}
-
-func (s *source) putSlice(sl *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := types.NamespacedName{Namespace: sl.Namespace, Name: sl.Name}
-	old := s.slices[n]
-	s.slices[n] = sl
-	return old
-}
-
-func (s *source) Service(n types.NamespacedName) (*v1.Service, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	svc, ok := s.services[n]
-	return svc, ok
-}
-
-func (s *source) EndpointSlices(n types.NamespacedName) []*discoveryv1.EndpointSlice {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []*discoveryv1.EndpointSlice
-	for _, sl := range s.slices {
-		if sl.Namespace == n.Namespace && sl.Labels[discoveryv1.LabelServiceName] == n.Name {
-			out = append(out, sl)
-		}
-	}
-	return out
 }

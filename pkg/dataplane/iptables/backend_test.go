@@ -268,7 +268,7 @@ func TestFaultyServiceOption(t *testing.T) {
 	bad := types.NamespacedName{Namespace: "ns1", Name: "svc1"}
 	b, k, _ := newTestBackend(t, testConfig(model.IPv4), FlavourLegacy, withFaultyServices(bad))
 	k.rejectAtCommit = func(table, chain string, r *fakeRule) bool {
-		return targetOf(r.args) == "MASQUERADE" && chain != chainPostrouting
+		return xtables.TargetOf(r.args) == "MASQUERADE" && chain != chainPostrouting
 	}
 	res := b.Apply(context.Background(), featureWorld().state(model.IPv4), full())
 	if res.Err != nil || len(res.Failed) != 1 || res.Failed[bad] == nil {

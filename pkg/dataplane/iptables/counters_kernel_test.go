@@ -72,26 +72,42 @@ func datagrams(t *testing.T, n int, ns, addr string) {
 	}
 }
 
-// packetCounts reads b's packets and bytes per series.
-func packetCounts(t *testing.T, b dataplane.TrafficCounterReader) map[dataplane.CounterSeries]dataplane.TrafficCount {
-	t.Helper()
-	counts, err := b.ReadTrafficCounters()
-	if err != nil {
-		t.Fatalf("ReadTrafficCounters: %v", err)
-	}
-	out := map[dataplane.CounterSeries]dataplane.TrafficCount{}
-	for _, c := range counts {
-		t.Logf("%s/%s %s %s: %d new connections, %d packets, %d bytes", c.Port.NamespacedName, c.Port.Port, c.Port.Protocol, c.Path, c.NewConnections, c.Packets, c.Bytes)
-		if c.HasPacketsBytes {
-			out[c.CounterSeries] = dataplane.TrafficCount{Packets: c.Packets, Bytes: c.Bytes}
-		}
-	}
-	return out
-}
-
 // packetWant is what one series must count: at least conns TCP connections' packets (a
 // SYN, the handshake's ACK and the payload's segment, each with an IP header of ipHeader
 // bytes and a TCP header of at least 20), or exactly datagrams UDP datagrams of 6 bytes.
+// counterTraffic is the first traffic of a counter test, sent from one namespace: n
+// connections (each sending data) to web's ClusterIP and m to its NodePort, and k datagrams
+// to dns's ClusterIP; ipHeader is the family's header size for checkPackets.
+type counterTraffic struct {
+	from                       string
+	web, dns                   string // Services of namespace "ns"
+	clusterIP, nodePort, dnsIP string
+	n, m, k                    int
+	ipHeader                   uint64
+}
+
+// send makes the traffic and checks what it counts: n+m new connections on web's cluster
+// path and m on its external one, k on dns's, and their packets. It returns web's cluster
+// series, the new connections and packets expected per series, and the packet counts read.
+func (c counterTraffic) send(t *testing.T, b *Backend) (dataplane.CounterSeries, map[dataplane.CounterSeries]uint64,
+	map[dataplane.CounterSeries]packetWant, map[dataplane.CounterSeries]dataplane.TrafficCount) {
+	t.Helper()
+	connectSending(t, c.n, c.from, c.clusterIP)
+	connectSending(t, c.m, c.from, c.nodePort)
+	datagrams(t, c.k, c.from, c.dnsIP)
+	cluster, external := counterSeries(c.web, dataplane.PathCluster), counterSeries(c.web, dataplane.PathExternal)
+	dns := counterSeries(c.dns, dataplane.PathCluster)
+	dns.Port.Protocol = model.UDP
+	n, m, k := uint64(c.n), uint64(c.m), uint64(c.k)
+	want := map[dataplane.CounterSeries]uint64{cluster: n + m, external: m, dns: k}
+	countertest.Want(t, b, want)
+	// A NodePort's packets count on "external" only; the ClusterIP's on "cluster".
+	wantPkts := map[dataplane.CounterSeries]packetWant{cluster: {conns: n}, external: {conns: m}, dns: {datagrams: k}}
+	last := countertest.Packets(t, b)
+	checkPackets(t, last, wantPkts, c.ipHeader, nil)
+	return cluster, want, wantPkts, last
+}
+
 type packetWant struct {
 	conns, datagrams uint64
 }
@@ -158,20 +174,13 @@ func TestKernelTrafficCounters(t *testing.T) {
 			state := func() *model.NodeState { return countertest.Counted(w.kstate(), counted...) }
 			kApply(t, b, state(), full())
 
-			const n, m, k = 6, 4, 5
-			connectSending(t, n, top.client, "172.30.0.10:80")
-			connectSending(t, m, top.client, kNodeIP+":30001")
-			connectSending(t, 3, top.client, "172.30.0.11:80")
-			datagrams(t, k, top.client, "172.30.0.12:80")
-			cluster, external := counterSeries("web", dataplane.PathCluster), counterSeries("web", dataplane.PathExternal)
-			dns := counterSeries("dns", dataplane.PathCluster)
-			dns.Port.Protocol = model.UDP
-			want := map[dataplane.CounterSeries]uint64{cluster: n + m, external: m, dns: k}
-			countertest.Want(t, b, want)
-			// A NodePort's packets count on "external" only; the ClusterIP's on "cluster".
-			wantPkts := map[dataplane.CounterSeries]packetWant{cluster: {conns: n}, external: {conns: m}, dns: {datagrams: k}}
-			last := packetCounts(t, b)
-			checkPackets(t, last, wantPkts, 20, nil)
+			const n = 6
+			connectSending(t, 3, top.client, "172.30.0.11:80") // plain: counts nowhere
+			cluster, want, wantPkts, last := counterTraffic{
+				from: top.client, web: "web", dns: "dns",
+				clusterIP: "172.30.0.10:80", nodePort: kNodeIP + ":30001", dnsIP: "172.30.0.12:80",
+				n: n, m: 4, k: 5, ipHeader: 20,
+			}.send(t, b)
 
 			// Endpoint change: KUBE-SVC is rewritten in a partial sync, with its counts;
 			// mangle is not touched.
@@ -180,13 +189,13 @@ func TestKernelTrafficCounters(t *testing.T) {
 				t.Fatal("the endpoint change was a full sync")
 			}
 			countertest.Want(t, b, want)
-			got := packetCounts(t, b)
+			got := countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 			connectSending(t, 2, top.client, "172.30.0.10:80")
 			want[cluster] += 2
 			wantPkts[cluster] = packetWant{conns: n + 2}
 			countertest.Want(t, b, want)
-			last = packetCounts(t, b)
+			last = countertest.Packets(t, b)
 			checkPackets(t, last, wantPkts, 20, got)
 
 			// Another Service's change (a partial sync) and a full sync keep them.
@@ -194,7 +203,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 			kApply(t, b, state(), changed("ns/plain"))
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
-			got = packetCounts(t, b)
+			got = countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 
 			// A restarted sluice (a new backend, whose first sync is full) finds the
@@ -202,7 +211,7 @@ func TestKernelTrafficCounters(t *testing.T) {
 			b = newKernelBackend(t, f)
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
-			got = packetCounts(t, b)
+			got = countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 20, last)
 
 			c := dataplane.NewTrafficCounterCollector(klog.Background(), b)
@@ -252,29 +261,22 @@ func TestKernelTrafficCountersIPv6(t *testing.T) {
 				return model.Compute(w.services, w.slices, node, nil, model.Options{Families: []model.IPFamily{model.IPv6}, TrafficCounters: model.TrafficCountersAll})[model.IPv6]
 			}
 			kApply(t, b, state(), full())
-			const n, m, k = 5, 3, 4
-			connectSending(t, n, pod, "[fd00:172:30::10]:80")
-			connectSending(t, m, pod, "[fd00:10::1]:30002")
-			datagrams(t, k, pod, "[fd00:172:30::11]:80")
-			cluster, external := counterSeries("v6", dataplane.PathCluster), counterSeries("v6", dataplane.PathExternal)
-			dns := counterSeries("dns6", dataplane.PathCluster)
-			dns.Port.Protocol = model.UDP
-			want := map[dataplane.CounterSeries]uint64{cluster: n + m, external: m, dns: k}
-			countertest.Want(t, b, want)
-			wantPkts := map[dataplane.CounterSeries]packetWant{cluster: {conns: n}, external: {conns: m}, dns: {datagrams: k}}
-			last := packetCounts(t, b)
-			checkPackets(t, last, wantPkts, 40, nil)
+			_, want, wantPkts, last := counterTraffic{
+				from: pod, web: "v6", dns: "dns6",
+				clusterIP: "[fd00:172:30::10]:80", nodePort: "[fd00:10::1]:30002", dnsIP: "[fd00:172:30::11]:80",
+				n: 5, m: 3, k: 4, ipHeader: 40,
+			}.send(t, b)
 
 			// A partial sync of the counted Service (a second endpoint) and a full sync.
 			w.set(fixture.APIService("ns/v6", "p80", model.TCP, "fd00:172:30::10", 80).NodePort(30002).Endpoints("[fd00:10::2]:80@local", "[fd00:10::3]:80").Build())
 			if res := kApply(t, b, state(), changed("ns/v6")); res.Full {
 				t.Fatal("the endpoint change was a full sync")
 			}
-			got := packetCounts(t, b)
+			got := countertest.Packets(t, b)
 			checkPackets(t, got, wantPkts, 40, last)
 			kApply(t, b, state(), full())
 			countertest.Want(t, b, want)
-			checkPackets(t, packetCounts(t, b), wantPkts, 40, got)
+			checkPackets(t, countertest.Packets(t, b), wantPkts, 40, got)
 		})
 	}
 }

@@ -95,9 +95,7 @@ func TestKernelRejectedUpdateKeepsLastGoodRules(t *testing.T) {
 // flavours) are counted when the next full sync repairs them, and a flush is counted too.
 func TestKernelDriftRepairsAreCounted(t *testing.T) {
 	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
-		w := kWorld("192.168.0.0/24")
-		b := newKernelBackend(t, f)
-		kApply(t, b, w.kstate(), full())
+		b, w := kSynced(t, f)
 		before := driftCounts()
 		kApply(t, b, w.kstate(), full())
 		kApply(t, b, w.kstate(), full())

@@ -81,15 +81,6 @@ func isStandardTarget(t string) bool {
 	return false
 }
 
-func targetOf(args []string) string {
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-j" || args[i] == "-g" {
-			return args[i+1]
-		}
-	}
-	return ""
-}
-
 func sameArgs(a, b []string) bool { return slices.Equal(a, b) }
 
 // restoreFailure is an error in the flavour's words.
@@ -189,7 +180,7 @@ func (k *fakeKernel) restore(input string) *restoreFailure {
 				}
 			}
 			spec := specOf(l, cmd == "-I" && len(args) > 2 && len(rest) < len(args[2:]))
-			if tgt := targetOf(rest); tgt != "" && !isStandardTarget(tgt) {
+			if tgt := xtables.TargetOf(rest); tgt != "" && !isStandardTarget(tgt) {
 				if _, ok := tx.chains[tgt]; !ok {
 					return &restoreFailure{line: n, msg: "Couldn't load target `" + tgt + "':No such file or directory"}
 				}
@@ -218,7 +209,7 @@ func (k *fakeKernel) restore(input string) *restoreFailure {
 			}
 			for _, other := range tx.chains {
 				for _, r := range other.rules {
-					if targetOf(r.args) == chain {
+					if xtables.TargetOf(r.args) == chain {
 						return &restoreFailure{line: n, msg: "Too many links", atCommit: k.flavour == FlavourLegacy}
 					}
 				}
@@ -377,7 +368,7 @@ func (k *fakeKernel) Insert(table, chain string, pos int, spec ...string) error 
 	if err != nil {
 		return err
 	}
-	if tgt := targetOf(spec); tgt != "" && !isStandardTarget(tgt) {
+	if tgt := xtables.TargetOf(spec); tgt != "" && !isStandardTarget(tgt) {
 		if _, ok := k.tables[table].chains[tgt]; !ok {
 			return fmt.Errorf("iptables: Couldn't load target `%s'", tgt)
 		}

@@ -122,7 +122,7 @@ func assertConsistent(t testing.TB, k *fakeKernel) {
 		referenced := map[string]bool{}
 		for cname, ch := range table.chains {
 			for _, r := range ch.rules {
-				tgt := targetOf(r.args)
+				tgt := xtables.TargetOf(r.args)
 				if tgt == "" || isStandardTarget(tgt) {
 					continue
 				}
@@ -140,7 +140,7 @@ func assertConsistent(t testing.TB, k *fakeKernel) {
 	}
 	if ch, ok := k.tables[tableNAT].chains[chainServices]; ok && len(ch.rules) > 0 {
 		last := ch.rules[len(ch.rules)-1]
-		if targetOf(last.args) != chainNodePorts {
+		if xtables.TargetOf(last.args) != chainNodePorts {
 			t.Errorf("nat KUBE-SERVICES: last rule is %q, not the jump to KUBE-NODEPORTS", last.spec)
 		}
 	}

@@ -201,6 +201,16 @@ func kApply(t *testing.T, b *Backend, st *model.NodeState, ch model.Changes) dat
 	return fixture.MustApply(t, b, st, ch)
 }
 
+// kSynced returns a new flavour-f backend that has fully synced kWorld's Services (source
+// range 192.168.0.0/24, the client's), and that world.
+func kSynced(t *testing.T, f Flavour) (*Backend, *world) {
+	t.Helper()
+	w := kWorld("192.168.0.0/24")
+	b := newKernelBackend(t, f)
+	kApply(t, b, w.kstate(), full())
+	return b, w
+}
+
 var flavours = []Flavour{FlavourLegacy, FlavourNFT}
 
 // eachFlavour runs test as a subtest per iptables flavour, each on a fresh topology.
@@ -229,8 +239,7 @@ func kWorld(sourceRange string) *world {
 
 func TestKernelTraffic(t *testing.T) {
 	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
-		b := newKernelBackend(t, f)
-		kApply(t, b, kWorld("192.168.0.0/24").kstate(), full())
+		b, _ := kSynced(t, f)
 		c := top.client
 		masqA, masqB := "10.180.1.1", "10.180.2.1"
 
@@ -286,11 +295,9 @@ func (p *probe) finish(t *testing.T, what string) {
 
 func TestKernelNoGap(t *testing.T) {
 	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
-		w := kWorld("192.168.0.0/24")
 		// What kube-proxy (or a previous sluice) left: the same layout, plus a
 		// chain of a Service deleted since.
-		old := newKernelBackend(t, f)
-		kApply(t, old, w.kstate(), full())
+		_, w := kSynced(t, f)
 		run(t, "iptables-"+string(f), "-t", "nat", "-N", "KUBE-SVC-GONEGONEGONEGONE")
 		run(t, "iptables-"+string(f), "-t", "nat", "-I", "KUBE-SERVICES", "1", "-d", "172.30.9.9/32", "-p", "tcp", "--dport", "80", "-j", "KUBE-SVC-GONEGONEGONEGONE")
 
@@ -319,9 +326,7 @@ func TestKernelNoGap(t *testing.T) {
 
 func TestKernelFlushIsRepaired(t *testing.T) {
 	eachFlavour(t, func(t *testing.T, f Flavour, top *kTopology) {
-		w := kWorld("192.168.0.0/24")
-		b := newKernelBackend(t, f)
-		kApply(t, b, w.kstate(), full())
+		b, w := kSynced(t, f)
 		expect(t, "before", top.client, "tcp", kNodeIP+":30003", "pod-a "+kClientIP)
 		// A firewall reload.
 		for _, table := range []string{"filter", "nat", "mangle"} {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 )
 
 // tracePacket follows one new connection through the rules a fakeKernel holds, the way
@@ -191,7 +193,7 @@ func (e *traceEnv) rules(table string, rules []*fakeRule, i int, s pktState, dep
 // target applies rule i's target and continues as netfilter would.
 func (e *traceEnv) target(table string, rules []*fakeRule, i int, s pktState, depth int) []runResult {
 	args := rules[i].args
-	tgt := targetOf(args)
+	tgt := xtables.TargetOf(args)
 	switch tgt {
 	case "":
 		return e.rules(table, rules, i+1, s, depth)

@@ -690,31 +690,34 @@ func TestKernelNewFailsWithoutIPVS(t *testing.T) {
 	}
 }
 
-func ipvsServiceOf(t *testing.T, k vsKey) *mobyipvs.Service {
+// mobyQuery asks the kernel through a moby IPVS handle of its own (closed before it
+// returns), independent of the backend's; what names the query in a failure.
+func mobyQuery[T any](t *testing.T, what string, q func(*mobyipvs.Handle) (T, error)) T {
 	t.Helper()
 	h, err := mobyipvs.New("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	s, err := h.GetService(toMobyService(k, vsParams{}))
+	v, err := q(h)
 	if err != nil {
-		t.Fatalf("virtual server %s: %v", k, err)
+		t.Fatalf("%s: %v", what, err)
 	}
-	return s
+	return v
+}
+
+func ipvsServiceOf(t *testing.T, k vsKey) *mobyipvs.Service {
+	t.Helper()
+	return mobyQuery(t, "virtual server "+k.String(), func(h *mobyipvs.Handle) (*mobyipvs.Service, error) {
+		return h.GetService(toMobyService(k, vsParams{}))
+	})
 }
 
 func realServerOf(t *testing.T, k vsKey, rs string) *mobyipvs.Destination {
 	t.Helper()
-	h, err := mobyipvs.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	ds, err := h.GetDestinations(toMobyService(k, vsParams{}))
-	if err != nil {
-		t.Fatalf("real servers of %s: %v", k, err)
-	}
+	ds := mobyQuery(t, "real servers of "+k.String(), func(h *mobyipvs.Handle) ([]*mobyipvs.Destination, error) {
+		return h.GetDestinations(toMobyService(k, vsParams{}))
+	})
 	want := netip.MustParseAddrPort(rs)
 	for _, d := range ds {
 		a, _ := netip.AddrFromSlice(d.Address)

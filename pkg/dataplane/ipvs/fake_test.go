@@ -98,6 +98,20 @@ func (k *fakeKernel) check(call string) error {
 
 func (k *fakeKernel) record(call string) { k.calls = append(k.calls, call) }
 
+// lookup checks call against the injected failures and returns what m holds under key, or
+// missing when it holds nothing there: the first step of an operation on one kernel object.
+func lookup[K comparable, V any](k *fakeKernel, call string, m map[K]V, key K, missing error) (V, error) {
+	var zero V
+	if err := k.check(call); err != nil {
+		return zero, err
+	}
+	v, ok := m[key]
+	if !ok {
+		return zero, missing
+	}
+	return v, nil
+}
+
 // errInjected is what injected faults return.
 var errInjected = errors.New("injected fault")
 
@@ -188,12 +202,9 @@ func (f fakeIPVS) AddService(key vsKey, p vsParams) error {
 
 func (f fakeIPVS) UpdateService(key vsKey, p vsParams) error {
 	call := "update-vs " + key.String()
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	if err := f.validate(key, p); err != nil {
 		return err
@@ -205,25 +216,25 @@ func (f fakeIPVS) UpdateService(key vsKey, p vsParams) error {
 
 func (f fakeIPVS) DeleteService(key vsKey) error {
 	call := "delete-vs " + key.String()
-	if err := f.k.check(call); err != nil {
+	if _, err := f.vs(call, key); err != nil {
 		return err
-	}
-	if _, ok := f.k.services[key]; !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	delete(f.k.services, key)
 	f.k.record(call)
 	return nil
 }
 
+// vs checks call against the injected failures and returns the virtual server it names,
+// or the kernel's ESRCH.
+func (f fakeIPVS) vs(call string, key vsKey) (*fakeVS, error) {
+	return lookup(f.k, call, f.k.services, key, kerr(unix.ESRCH, errNotExist))
+}
+
 func (f fakeIPVS) AddDestination(key vsKey, rs netip.AddrPort, weight int) error {
 	call := "add-rs " + key.String() + " " + rs.String()
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	if !rs.IsValid() || rs.Port() == 0 || rs.Addr().Is4() != key.Addr.Is4() || weight < 0 {
 		return fmt.Errorf("fake IPVS: invalid real server %v weight %d for %v: %w", rs, weight, key, unix.EINVAL)
@@ -238,12 +249,9 @@ func (f fakeIPVS) AddDestination(key vsKey, rs netip.AddrPort, weight int) error
 
 func (f fakeIPVS) UpdateDestination(key vsKey, rs netip.AddrPort, weight int) error {
 	call := fmt.Sprintf("update-rs %s %s weight %d", key, rs, weight)
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	d, ok := vs.dests[rs]
 	if !ok {
@@ -259,12 +267,9 @@ func (f fakeIPVS) UpdateDestination(key vsKey, rs netip.AddrPort, weight int) er
 
 func (f fakeIPVS) DeleteDestination(key vsKey, rs netip.AddrPort) error {
 	call := "delete-rs " + key.String() + " " + rs.String()
-	if err := f.k.check(call); err != nil {
+	vs, err := f.vs(call, key)
+	if err != nil {
 		return err
-	}
-	vs, ok := f.k.services[key]
-	if !ok {
-		return kerr(unix.ESRCH, errNotExist)
 	}
 	if _, ok := vs.dests[rs]; !ok {
 		return kerr(unix.ENOENT, errNotExist)
@@ -328,11 +333,8 @@ func (f fakeLinks) CreateDummy(name string) error {
 }
 
 func (f fakeLinks) DeleteLink(name string) error {
-	if err := f.k.check("delete-link " + name); err != nil {
+	if _, err := f.link("delete-link "+name, name, kerr(unix.ENODEV, errNotExist)); err != nil {
 		return err
-	}
-	if _, ok := f.k.links[name]; !ok {
-		return kerr(unix.ENODEV, errNotExist)
 	}
 	delete(f.k.links, name)
 	delete(f.k.dummies, name)
@@ -342,12 +344,10 @@ func (f fakeLinks) DeleteLink(name string) error {
 
 func (f fakeLinks) AddAddr(name string, a netip.Addr) error {
 	call := "add-addr " + name + " " + a.String()
-	if err := f.k.check(call); err != nil {
+	// Adding to a missing link is an error, not "already so".
+	addrs, err := f.link(call, name, fmt.Errorf("fake link %s: %w", name, unix.ENODEV))
+	if err != nil {
 		return err
-	}
-	addrs, ok := f.k.links[name]
-	if !ok {
-		return fmt.Errorf("fake link %s: %w", name, unix.ENODEV)
 	}
 	if slices.Contains(addrs, a) {
 		return kerr(unix.EEXIST, errExist)
@@ -359,12 +359,9 @@ func (f fakeLinks) AddAddr(name string, a netip.Addr) error {
 
 func (f fakeLinks) DelAddr(name string, a netip.Addr) error {
 	call := "del-addr " + name + " " + a.String()
-	if err := f.k.check(call); err != nil {
+	addrs, err := f.link(call, name, kerr(unix.ENODEV, errNotExist))
+	if err != nil {
 		return err
-	}
-	addrs, ok := f.k.links[name]
-	if !ok {
-		return kerr(unix.ENODEV, errNotExist)
 	}
 	i := slices.Index(addrs, a)
 	if i < 0 {
@@ -373,6 +370,12 @@ func (f fakeLinks) DelAddr(name string, a netip.Addr) error {
 	f.k.links[name] = slices.Delete(addrs, i, i+1)
 	f.k.record(call)
 	return nil
+}
+
+// link checks call against the injected failures and returns the addresses of the link it
+// names, or missing when there is no such link.
+func (f fakeLinks) link(call, name string, missing error) ([]netip.Addr, error) {
+	return lookup(f.k, call, f.k.links, name, missing)
 }
 
 func (f fakeLinks) Addrs() ([]linkAddr, error) {
@@ -444,14 +447,7 @@ func (f fakeIPSets) Destroy(name string) error {
 // set checks call against the injected failures and returns the set it names, or the
 // kernel's ENOENT.
 func (f fakeIPSets) set(call, name string) (*fakeSet, error) {
-	if err := f.k.check(call); err != nil {
-		return nil, err
-	}
-	s, ok := f.k.sets[name]
-	if !ok {
-		return nil, kerr(unix.ENOENT, errNotExist)
-	}
-	return s, nil
+	return lookup(f.k, call, f.k.sets, name, kerr(unix.ENOENT, errNotExist))
 }
 
 func (f fakeIPSets) validEntry(s *fakeSet, t ipsetType, e setEntry) error {
@@ -483,32 +479,39 @@ func (f fakeIPSets) validEntry(s *fakeSet, t ipsetType, e setEntry) error {
 }
 
 func (f fakeIPSets) Add(name string, t ipsetType, e setEntry) error {
-	call := "add-entry " + name + " " + e.String()
-	s, err := f.set(call, name)
-	if err != nil {
-		return err
-	}
-	if err := f.validEntry(s, t, e); err != nil {
-		return err
-	}
-	if s.entries[e] {
-		return &kernelError{err: errors.New("element exists"), kind: errExist}
-	}
-	s.entries[e] = true
-	f.k.record(call)
-	return nil
+	return f.entryOp("add-entry", name, e, func(s *fakeSet) error {
+		if err := f.validEntry(s, t, e); err != nil {
+			return err
+		}
+		if s.entries[e] {
+			return &kernelError{err: errors.New("element exists"), kind: errExist}
+		}
+		s.entries[e] = true
+		return nil
+	})
 }
 
 func (f fakeIPSets) Del(name string, t ipsetType, e setEntry) error {
-	call := "del-entry " + name + " " + e.String()
+	return f.entryOp("del-entry", name, e, func(s *fakeSet) error {
+		if !s.entries[e] {
+			return &kernelError{err: errors.New("element missing"), kind: errNotExist}
+		}
+		delete(s.entries, e)
+		return nil
+	})
+}
+
+// entryOp runs op, an entry's change to the set it names, and records the call when op
+// succeeds.
+func (f fakeIPSets) entryOp(verb, name string, e setEntry, op func(*fakeSet) error) error {
+	call := verb + " " + name + " " + e.String()
 	s, err := f.set(call, name)
 	if err != nil {
 		return err
 	}
-	if !s.entries[e] {
-		return &kernelError{err: errors.New("element missing"), kind: errNotExist}
+	if err := op(s); err != nil {
+		return err
 	}
-	delete(s.entries, e)
 	f.k.record(call)
 	return nil
 }
@@ -679,7 +682,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 				}
 				for c, rules := range cur.chains {
 					for _, r := range rules {
-						if target := targetOf(strings.Split(r, "\x00")); target == chain {
+						if target := xtables.TargetOf(strings.Split(r, "\x00")); target == chain {
 							return fail("chain %s is referenced by %s", chain, c)
 						}
 					}
@@ -701,7 +704,7 @@ func (f fakeIPTables) Restore(ctx context.Context, input []byte) error {
 
 func (f fakeIPTables) validateRule(t *fakeTable, r string) error {
 	args := strings.Split(r, "\x00")
-	target := targetOf(args)
+	target := xtables.TargetOf(args)
 	if target == "" {
 		return fmt.Errorf("rule %q has no target", strings.Join(args, " "))
 	}
@@ -716,16 +719,6 @@ func (f fakeIPTables) validateRule(t *fakeTable, r string) error {
 		}
 	}
 	return nil
-}
-
-// targetOf returns a rule's -j or -g target.
-func targetOf(args []string) string {
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-j" || args[i] == "-g" {
-			return args[i+1]
-		}
-	}
-	return ""
 }
 
 // rules returns a chain's rules as "-A chain ..." lines.

@@ -185,26 +185,16 @@ func TestIPVSProbeProgramsAndReadsBackAVirtualServer(t *testing.T) {
 	}
 
 	services, err := h.GetServices()
-	if err != nil {
-		t.Fatalf("GetServices: %v", err)
-	}
-	if len(services) != 1 {
-		t.Fatalf("read back %s, want one service", describeServices(services))
-	}
-	got := services[0]
+	got := onlyOne(t, "GetServices", services, err, describeServices)
 	if !got.Address.Equal(svc.Address) || got.Port != svc.Port || got.Protocol != svc.Protocol ||
 		got.AddressFamily != svc.AddressFamily || got.SchedName != svc.SchedName {
 		t.Errorf("read back service %s, want %s:%d tcp scheduler %s", describeServices(services), serviceVIP, servicePort, svc.SchedName)
 	}
 
 	dests, err := h.GetDestinations(got)
-	if err != nil {
-		t.Fatalf("GetDestinations: %v", err)
-	}
-	if len(dests) != 1 {
-		t.Fatalf("read back %d real servers, want 1", len(dests))
-	}
-	d := dests[0]
+	d := onlyOne(t, "GetDestinations", dests, err, func(ds []*mobyipvs.Destination) string {
+		return fmt.Sprintf("%d real servers", len(ds))
+	})
 	if !d.Address.Equal(dst.Address) || d.Port != dst.Port || d.Weight != dst.Weight ||
 		d.ConnectionFlags&mobyipvs.ConnFwdMask != mobyipvs.ConnectionFlagMasq {
 		t.Errorf("read back real server %s:%d weight %d flags %#x, want %s:%d weight 1 masquerading",
@@ -346,6 +336,19 @@ func readProcInNamespace(t *testing.T, ns, path string) string {
 func ipHex(ip string) uint32 {
 	v4 := net.ParseIP(ip).To4()
 	return uint32(v4[0])<<24 | uint32(v4[1])<<16 | uint32(v4[2])<<8 | uint32(v4[3])
+}
+
+// onlyOne returns the one object a read-back (what) returned, and fails the test on an
+// error or any other number of objects, which describe writes out.
+func onlyOne[T any](t *testing.T, what string, got []T, err error, describe func([]T) string) T {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("%s read back %s, want one", what, describe(got))
+	}
+	return got[0]
 }
 
 func describeServices(services []*mobyipvs.Service) string {

@@ -174,15 +174,7 @@ func sendTCP(ns string, dst netip.AddrPort, n int) error {
 func wantPackets(t *testing.T, b dataplane.TrafficCounterReader, minimum, exact map[dataplane.CounterSeries]dataplane.TrafficCount,
 	perPacket uint64, last map[dataplane.CounterSeries]dataplane.TrafficCount) map[dataplane.CounterSeries]dataplane.TrafficCount {
 	t.Helper()
-	counts, err := b.ReadTrafficCounters()
-	if err != nil {
-		t.Fatalf("ReadTrafficCounters: %v", err)
-	}
-	got := map[dataplane.CounterSeries]dataplane.TrafficCount{}
-	for _, c := range counts {
-		got[c.CounterSeries] = dataplane.TrafficCount{Packets: c.Packets, Bytes: c.Bytes}
-		t.Logf("%s/%s %s: %d new connections, %d packets, %d bytes", c.Port.NamespacedName, c.Port.Port, c.Path, c.NewConnections, c.Packets, c.Bytes)
-	}
+	got := countertest.Packets(t, b)
 	for s, m := range minimum {
 		g := got[s]
 		if g.Packets < m.Packets || g.Bytes < m.Bytes+g.Packets*perPacket {

@@ -3,6 +3,7 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -20,32 +21,49 @@ const (
 	slow  = 400 * time.Millisecond // connections that must be dropped (we wait this long)
 )
 
-// trafficServices is the Service set of the packet tests (IPv4): one of each kind.
-func trafficServices(f model.IPFamily) []*model.ServicePort {
+// In the packet tests the IPv6 addresses write the IPv4 ones' last number after the
+// family's prefix: pod n is 10.180.0.n or fd00:10:180::n (pod-a 1, pod-b 2, pod-c 3),
+// Service address n is 172.30.0.n or fd00:172:30::n.
+var trafficPods = []string{"pod-a", "pod-b", "pod-c"}
+
+func podIP(f model.IPFamily, n int) string { return familyAddr(f, "10.180.0.", "fd00:10:180::", n) }
+func vip(f model.IPFamily, n int) string   { return familyAddr(f, "172.30.0.", "fd00:172:30::", n) }
+
+func familyAddr(f model.IPFamily, v4, v6 string, n int) string {
 	if f == model.IPv6 {
-		return []*model.ServicePort{
-			svc("t", "cluster", "http", model.TCP, "fd00:172:30::10", 80).Endpoints("[fd00:10:180::1]:80@local", "[fd00:10:180::2]:80@local").Build(),
-			svc("t", "dns", "dns", model.UDP, "fd00:172:30::11", 53).Endpoints("[fd00:10:180::1]:8080@local").Build(),
-			svc("t", "nodeport", "http", model.TCP, "fd00:172:30::12", 80).NodePort(30080).Endpoints("[fd00:10:180::2]:80@local").Build(),
-			svc("t", "local", "http", model.TCP, "fd00:172:30::13", 80).NodePort(30081).ExternalLocal().Endpoints("[fd00:10:180::1]:80@local").Build(),
-			svc("t", "nolocal", "http", model.TCP, "fd00:172:30::14", 80).NodePort(30082).ExternalLocal().Endpoints("[fd00:10:180::3]:80").Build(),
-			svc("t", "none", "http", model.TCP, "fd00:172:30::15", 80).Build(),
-		}
+		return fmt.Sprintf("%s%d", v6, n)
 	}
-	return []*model.ServicePort{
-		svc("t", "cluster", "http", model.TCP, "172.30.0.10", 80).Endpoints("10.180.0.1:80@local", "10.180.0.2:80@local").Build(),
-		svc("t", "dns", "dns", model.UDP, "172.30.0.11", 53).Endpoints("10.180.0.1:8080@local").Build(),
-		svc("t", "nodeport", "http", model.TCP, "172.30.0.12", 80).NodePort(30080).Endpoints("10.180.0.2:80@local").Build(),
-		svc("t", "local", "http", model.TCP, "172.30.0.13", 80).NodePort(30081).ExternalLocal().Endpoints("10.180.0.1:80@local").Build(),
-		svc("t", "nolocal", "http", model.TCP, "172.30.0.14", 80).NodePort(30082).ExternalLocal().Endpoints("10.180.0.3:80").Build(),
-		svc("t", "none", "http", model.TCP, "172.30.0.15", 80).Build(),
+	return fmt.Sprintf("%s%d", v4, n)
+}
+
+// trafficServices is the Service set of the packet tests: one of each kind, in both
+// families; LoadBalancers, source ranges, external IPs, affinity, hairpin and
+// internalTrafficPolicy only in IPv4.
+func trafficServices(f model.IPFamily) []*model.ServicePort {
+	// ep is pod n's port p, on this node unless remote.
+	ep := func(n int, p uint16) string {
+		return netip.AddrPortFrom(netip.MustParseAddr(podIP(f, n)), p).String() + "@local"
+	}
+	remote := func(n int, p uint16) string { return strings.TrimSuffix(ep(n, p), "@local") }
+	out := []*model.ServicePort{
+		svc("t", "cluster", "http", model.TCP, vip(f, 10), 80).Endpoints(ep(1, 80), ep(2, 80)).Build(),
+		svc("t", "dns", "dns", model.UDP, vip(f, 11), 53).Endpoints(ep(1, 8080)).Build(),
+		svc("t", "nodeport", "http", model.TCP, vip(f, 12), 80).NodePort(30080).Endpoints(ep(2, 80)).Build(),
+		svc("t", "local", "http", model.TCP, vip(f, 13), 80).NodePort(30081).ExternalLocal().Endpoints(ep(1, 80)).Build(),
+		svc("t", "nolocal", "http", model.TCP, vip(f, 14), 80).NodePort(30082).ExternalLocal().Endpoints(remote(3, 80)).Build(),
+		svc("t", "none", "http", model.TCP, vip(f, 15), 80).Build(),
+	}
+	if f == model.IPv6 {
+		return out
+	}
+	return append(out,
 		svc("t", "lb", "http", model.TCP, "172.30.0.16", 80).LoadBalancer("5.6.7.8").Endpoints("10.180.0.2:80@local").Build(),
 		svc("t", "fw", "http", model.TCP, "172.30.0.19", 80).LoadBalancer("5.6.7.9").SourceRanges("192.168.0.10/32").Endpoints("10.180.0.2:80@local").Build(),
 		svc("t", "eip", "http", model.TCP, "172.30.0.20", 80).ExternalIPs("192.168.99.22").Endpoints("10.180.0.3:80").Build(),
 		svc("t", "sticky", "http", model.TCP, "172.30.0.17", 80).Affinity(100).Endpoints("10.180.0.1:80@local", "10.180.0.2:80@local", "10.180.0.3:80").Build(),
 		svc("t", "hairpin", "http", model.TCP, "172.30.0.18", 80).Endpoints("10.180.0.1:80@local").Build(),
 		svc("t", "itplocal", "http", model.TCP, "172.30.0.21", 80).InternalLocal().Endpoints("10.180.0.3:80").Build(),
-	}
+	)
 }
 
 // trafficSetup builds the topology with three pods and programs trafficServices.
@@ -53,14 +71,8 @@ func trafficSetup(t *testing.T, f model.IPFamily) (*topology, *Backend, *model.N
 	t.Helper()
 	resetTable(t)
 	tp := newTopology(t, f)
-	if f == model.IPv6 {
-		tp.addPod("pod-a", "fd00:10:180::1")
-		tp.addPod("pod-b", "fd00:10:180::2")
-		tp.addPod("pod-c", "fd00:10:180::3")
-	} else {
-		tp.addPod("pod-a", "10.180.0.1")
-		tp.addPod("pod-b", "10.180.0.2")
-		tp.addPod("pod-c", "10.180.0.3")
+	for i, name := range trafficPods {
+		tp.addPod(name, podIP(f, i+1))
 	}
 	cfg := testConfig(f)
 	b := newTestBackend(t, cfg, WithLocalAddresses(hostnet.InterfaceAddrs))

@@ -52,3 +52,21 @@ func Want(t testing.TB, r dataplane.TrafficCounterReader, want map[dataplane.Cou
 		t.Fatalf("new connections: %v, want %v", got, want)
 	}
 }
+
+// Packets reads r's counters, logs every series, and returns the packets and bytes of the
+// series that count them.
+func Packets(t testing.TB, r dataplane.TrafficCounterReader) map[dataplane.CounterSeries]dataplane.TrafficCount {
+	t.Helper()
+	counts, err := r.ReadTrafficCounters()
+	if err != nil {
+		t.Fatalf("ReadTrafficCounters: %v", err)
+	}
+	out := map[dataplane.CounterSeries]dataplane.TrafficCount{}
+	for _, c := range counts {
+		t.Logf("%s/%s %s %s: %d new connections, %d packets, %d bytes", c.Port.NamespacedName, c.Port.Port, c.Port.Protocol, c.Path, c.NewConnections, c.Packets, c.Bytes)
+		if c.HasPacketsBytes {
+			out[c.CounterSeries] = dataplane.TrafficCount{Packets: c.Packets, Bytes: c.Bytes}
+		}
+	}
+	return out
+}

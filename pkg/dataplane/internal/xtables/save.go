@@ -81,8 +81,10 @@ func (r SavedRule) Args() []string {
 }
 
 // Target returns the rule's -j or -g target ("" when it has none).
-func (r SavedRule) Target() string {
-	args := r.Args()
+func (r SavedRule) Target() string { return TargetOf(r.Args()) }
+
+// TargetOf returns the -j or -g target of a rule's arguments ("" when it has none).
+func TargetOf(args []string) string {
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "-j" || args[i] == "-g" {
 			return args[i+1]
