@@ -260,91 +260,88 @@ func batchByChains[T any](items []T, limit int, chains func(T) int) [][]T {
 }
 
 // isolateUnits commits units; when iptables-restore rejects them it finds the Service to
-// blame, from the line it names or, when it names none (a legacy table refused at COMMIT),
-// by committing halves. Every restore that succeeds is kept: units are independent, so
-// nothing committed ever waits for the failing Service.
+// blame (isolate.Search), from the line it names or, when it names none (a legacy table
+// refused at COMMIT), by committing halves. Every restore that succeeds is kept: units are
+// independent, so nothing committed ever waits for the failing Service. drift is true when
+// a refusal shows that only a full sync can tell what the kernel holds.
 func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolate.Budget) (drift bool, err error) {
-	queue := [][]unit{units}
-	for len(queue) > 0 {
-		us := queue[0]
-		queue = queue[1:]
-		if len(us) == 0 {
-			continue
-		}
-		in := renderUnits(us)
-		if in.empty() {
-			b.commitUnits(us, true, true)
-			continue
-		}
-		rerr := b.restore(ctx, in, false)
-		if rerr == nil {
-			b.commitUnits(us, true, true)
-			continue
-		}
-		var re *xtables.RestoreError
-		if !errors.As(rerr, &re) || len(re.Lines) == 0 {
-			// Not about the input (the xtables lock, a missing program): nobody's fault.
-			return false, rerr
-		}
-		if err := iso.Spend(); err != nil {
-			return false, err
-		}
-		if structural(rerr) {
-			return true, nil
-		}
-		owner, table, named := blame(in, rerr)
-		// What the kernel held before this restore, for the Services it concerned.
-		before := make(map[types.NamespacedName]*appliedService, len(us))
-		for _, u := range us {
-			before[u.name] = u.old
-		}
-		natCommitted := table == tableFilter
-		if natCommitted {
-			// nat was committed before filter failed.
-			b.commitUnits(us, true, false)
-			for i := range us {
-				us[i].old = b.applied[us[i].name]
+	// Of the last restore refused: what the kernel held before it, for the Services it
+	// concerned, and whether its nat table was committed before filter failed.
+	var before map[types.NamespacedName]*appliedService
+	var natCommitted bool
+	search := isolate.Search[unit]{
+		Try: func(us []unit) isolate.Outcome {
+			in := renderUnits(us)
+			if in.empty() {
+				b.commitUnits(us, true, true)
+				return isolate.Taken
 			}
-		}
-		var blamed *unit
-		switch {
-		case named && (owner.kind == lineDelete || owner.kind == lineStale):
-			return true, nil
-		case named && owner.kind == lineService:
-			rest := make([]unit, 0, len(us))
-			for i := range us {
-				if us[i].name == owner.service {
-					blamed = &us[i]
-					continue
+			rerr := b.restore(ctx, in, false)
+			if rerr == nil {
+				b.commitUnits(us, true, true)
+				return isolate.Taken
+			}
+			var re *xtables.RestoreError
+			if !errors.As(rerr, &re) || len(re.Lines) == 0 {
+				// Not about the input (the xtables lock, a missing program): nobody's fault.
+				return isolate.Outcome{Err: rerr, Stop: true}
+			}
+			if structural(rerr) {
+				return isolate.Outcome{Err: errNeedFull, Stop: true}
+			}
+			owner, table, named := blame(in, rerr)
+			before = make(map[types.NamespacedName]*appliedService, len(us))
+			for _, u := range us {
+				before[u.name] = u.old
+			}
+			natCommitted = table == tableFilter
+			if natCommitted {
+				b.commitUnits(us, true, false)
+				for i := range us {
+					us[i].old = b.applied[us[i].name]
 				}
-				rest = append(rest, us[i])
 			}
-			queue = append([][]unit{rest}, queue...)
-		case len(us) == 1:
-			blamed = &us[0]
-		default:
-			// A global line or no line at all: split.
-			half := len(us) / 2
-			queue = append([][]unit{us[:half], us[half:]}, queue...)
-		}
-		if blamed == nil {
-			continue
-		}
-		if !blamed.restoring {
-			failed[blamed.name] = rerr
-			iso.Blamed()
-		}
-		next, ok := b.lastGoodUnit(*blamed, before[blamed.name], natCommitted)
-		if !ok {
-			// Not even its removal was taken: only a full sync can tell what the kernel holds.
-			return true, nil
-		}
-		if next != nil {
-			queue = append(queue, []unit{*next})
-		}
+			out := isolate.Outcome{Err: rerr}
+			switch {
+			case named && (owner.kind == lineDelete || owner.kind == lineStale):
+				return isolate.Outcome{Err: errNeedFull, Stop: true}
+			case named && owner.kind == lineService:
+				for i := range us {
+					if us[i].name == owner.service {
+						out.Blamed = map[int]error{i: rerr}
+					}
+				}
+			}
+			// A global line or no line at all: the search splits the batch.
+			return out
+		},
+		Blame: func(u unit, rerr error) ([]unit, error) {
+			if !u.restoring {
+				failed[u.name] = rerr
+			}
+			next, ok := b.lastGoodUnit(u, before[u.name], natCommitted)
+			switch {
+			case !ok:
+				// Not even its removal was taken.
+				return nil, errNeedFull
+			case next != nil:
+				return []unit{*next}, nil
+			}
+			return nil, nil
+		},
+		Budget: iso,
 	}
-	return false, nil
+	err = search.Run([][]unit{units})
+	if errors.Is(err, errNeedFull) {
+		return true, nil
+	}
+	return false, err
 }
+
+// errNeedFull ends isolateUnits' search when only a full sync can tell what the kernel
+// holds: iptables-restore refused a shared chain's line, a deletion or a stale chain's,
+// or even the removal of a Service's rules.
+var errNeedFull = errors.New("only a full sync can tell what the kernel holds")
 
 // lastGoodUnit decides what follows the kernel's refusal of u, a Service's change from
 // prev: the Service must keep its last good version (dataplane.Backend's failure rule).
