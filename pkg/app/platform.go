@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/sluiceproxy/sluice/pkg/config"
 	"github.com/sluiceproxy/sluice/pkg/conntrack"
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
@@ -95,23 +97,17 @@ func watchConfigFile(ctx context.Context, path string, cancel context.CancelCaus
 		return
 	}
 	sum := sha256.Sum256(initial)
-	ticker := time.NewTicker(2 * time.Second)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, 2*time.Second, false, func(context.Context) (bool, error) {
 		cur, err := os.ReadFile(path)
 		if err != nil {
-			continue
+			return false, nil
 		}
 		if s := sha256.Sum256(cur); !bytes.Equal(s[:], sum[:]) {
 			cancel(fmt.Errorf("configuration file %s changed; exiting so that the new configuration is used", path))
-			return
+			return true, nil
 		}
-	}
+		return false, nil
+	})
 }
 
 // newConntrack returns the stale-entry reconciler of each family.

@@ -15,8 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-const subsystem = "kubeproxy"
-
 // Label names.
 const (
 	LabelIPFamily      = "ip_family"
@@ -50,113 +48,71 @@ var programmingBuckets = func() []float64 {
 }()
 
 var (
-	SyncProxyRulesLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_duration_seconds",
-		Help: "SyncProxyRules latency in seconds", Buckets: durationBuckets,
-	}, []string{LabelIPFamily})
-
-	SyncFullProxyRulesLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: subsystem, Name: "sync_full_proxy_rules_duration_seconds",
-		Help: "SyncProxyRules latency in seconds for full resyncs", Buckets: durationBuckets,
-	}, []string{LabelIPFamily})
-
-	SyncPartialProxyRulesLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: subsystem, Name: "sync_partial_proxy_rules_duration_seconds",
-		Help: "SyncProxyRules latency in seconds for partial resyncs", Buckets: durationBuckets,
-	}, []string{LabelIPFamily})
-
-	SyncProxyRulesLastTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_last_timestamp_seconds",
-		Help: "The last time proxy rules were successfully synced",
-	}, []string{LabelIPFamily})
-
-	SyncProxyRulesLastQueuedTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_last_queued_timestamp_seconds",
-		Help: "The last time a sync of proxy rules was queued",
-	}, []string{LabelIPFamily})
-
-	NetworkProgrammingLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: subsystem, Name: "network_programming_duration_seconds",
-		Help:    "In Cluster Network Programming Latency in seconds",
-		Buckets: programmingBuckets,
-	}, []string{LabelIPFamily})
+	SyncProxyRulesLatency = histogramVec("kubeproxy_sync_proxy_rules_duration_seconds",
+		"SyncProxyRules latency in seconds", durationBuckets, LabelIPFamily)
+	SyncFullProxyRulesLatency = histogramVec("kubeproxy_sync_full_proxy_rules_duration_seconds",
+		"SyncProxyRules latency in seconds for full resyncs", durationBuckets, LabelIPFamily)
+	SyncPartialProxyRulesLatency = histogramVec("kubeproxy_sync_partial_proxy_rules_duration_seconds",
+		"SyncProxyRules latency in seconds for partial resyncs", durationBuckets, LabelIPFamily)
+	SyncProxyRulesLastTimestamp = gaugeVec("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+		"The last time proxy rules were successfully synced", LabelIPFamily)
+	SyncProxyRulesLastQueuedTimestamp = gaugeVec("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+		"The last time a sync of proxy rules was queued", LabelIPFamily)
+	NetworkProgrammingLatency = histogramVec("kubeproxy_network_programming_duration_seconds",
+		"In Cluster Network Programming Latency in seconds", programmingBuckets, LabelIPFamily)
 
 	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_pending",
+		Name: "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
 		Help: "Pending proxy rules Endpoint changes",
 	})
 	EndpointChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_total",
+		Name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
 		Help: "Cumulative proxy rules Endpoint changes",
 	})
 	ServiceChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_pending",
+		Name: "kubeproxy_sync_proxy_rules_service_changes_pending",
 		Help: "Pending proxy rules Service changes",
 	})
 	ServiceChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_total",
+		Name: "kubeproxy_sync_proxy_rules_service_changes_total",
 		Help: "Cumulative proxy rules Service changes",
 	})
 
-	ProxyHealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "proxy_healthz_total",
-		Help: "Cumulative proxy healthz HTTP status",
-	}, []string{LabelCode})
-	ProxyLivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "proxy_livez_total",
-		Help: "Cumulative proxy livez HTTP status",
-	}, []string{LabelCode})
+	ProxyHealthzTotal = counterVec("kubeproxy_proxy_healthz_total",
+		"Cumulative proxy healthz HTTP status", LabelCode)
+	ProxyLivezTotal = counterVec("kubeproxy_proxy_livez_total",
+		"Cumulative proxy livez HTTP status", LabelCode)
 
-	SyncProxyRulesNoLocalEndpointsTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_no_local_endpoints_total",
-		Help: "Number of services with a Local traffic policy and no endpoints",
-	}, []string{LabelTrafficPolicy, LabelIPFamily})
+	SyncProxyRulesNoLocalEndpointsTotal = gaugeVec("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+		"Number of services with a Local traffic policy and no endpoints", LabelTrafficPolicy, LabelIPFamily)
 
-	IPTablesRestoreFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_restore_failures_total",
-		Help: "Cumulative proxy iptables restore failures",
-	}, []string{LabelIPFamily})
-	IPTablesPartialRestoreFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
-		Help: "Cumulative proxy iptables partial restore failures",
-	}, []string{LabelIPFamily})
-	IPTablesRulesTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_total",
-		Help: "Total number of iptables rules owned by kube-proxy",
-	}, []string{LabelTable, LabelIPFamily})
-	IPTablesRulesLastSync = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_last",
-		Help: "Number of iptables rules written by kube-proxy in last sync",
-	}, []string{LabelTable, LabelIPFamily})
+	IPTablesRestoreFailuresTotal = counterVec("kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+		"Cumulative proxy iptables restore failures", LabelIPFamily)
+	IPTablesPartialRestoreFailuresTotal = counterVec("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+		"Cumulative proxy iptables partial restore failures", LabelIPFamily)
+	IPTablesRulesTotal = gaugeVec("kubeproxy_sync_proxy_rules_iptables_total",
+		"Total number of iptables rules owned by kube-proxy", LabelTable, LabelIPFamily)
+	IPTablesRulesLastSync = gaugeVec("kubeproxy_sync_proxy_rules_iptables_last",
+		"Number of iptables rules written by kube-proxy in last sync", LabelTable, LabelIPFamily)
 
-	NFTablesSyncFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_nftables_sync_failures_total",
-		Help: "Cumulative proxy nftables sync failures",
-	}, []string{LabelIPFamily})
-	NFTablesCleanupFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "sync_proxy_rules_nftables_cleanup_failures_total",
-		Help: "Cumulative proxy nftables cleanup failures",
-	}, []string{LabelIPFamily})
+	NFTablesSyncFailuresTotal = counterVec("kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+		"Cumulative proxy nftables sync failures", LabelIPFamily)
+	NFTablesCleanupFailuresTotal = counterVec("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+		"Cumulative proxy nftables cleanup failures", LabelIPFamily)
 
-	ReconcileConntrackFlowsLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Subsystem: subsystem, Name: "conntrack_reconciler_sync_duration_seconds",
-		Help: "ReconcileConntrackFlowsLatency latency in seconds", Buckets: durationBuckets,
-	}, []string{LabelIPFamily})
-	ReconcileConntrackFlowsDeletedEntriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: subsystem, Name: "conntrack_reconciler_deleted_entries_total",
-		Help: "Cumulative conntrack flows deleted by conntrack reconciler",
-	}, []string{LabelIPFamily})
+	ReconcileConntrackFlowsLatency = histogramVec("kubeproxy_conntrack_reconciler_sync_duration_seconds",
+		"ReconcileConntrackFlowsLatency latency in seconds", durationBuckets, LabelIPFamily)
+	ReconcileConntrackFlowsDeletedEntriesTotal = counterVec("kubeproxy_conntrack_reconciler_deleted_entries_total",
+		"Cumulative conntrack flows deleted by conntrack reconciler", LabelIPFamily)
 )
 
 // Descriptions of upstream's iptables nfacct counters. They are read from the kernel when
 // scraped, by a collector the iptables backend registers with MustRegisterCollector only
 // when the kernel has nfacct (CONFIG_NETFILTER_NETLINK_ACCT).
 var (
-	IPTablesCTStateInvalidDroppedPacketsDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(subsystem, "", "iptables_ct_state_invalid_dropped_packets_total"),
+	IPTablesCTStateInvalidDroppedPacketsDesc = prometheus.NewDesc("kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
 		"packets dropped by iptables to work around conntrack problems", nil, nil)
-	LocalhostNodePortAcceptedPacketsDesc = prometheus.NewDesc(
-		prometheus.BuildFQName(subsystem, "", "iptables_localhost_nodeports_accepted_packets_total"),
+	LocalhostNodePortAcceptedPacketsDesc = prometheus.NewDesc("kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
 		"Number of packets accepted on nodeports of loopback interface", nil, nil)
 )
 
@@ -166,61 +122,49 @@ var (
 	// SyncFailuresTotal counts failed syncs by reason: "backend" (the whole apply failed),
 	// "service" (some Services failed, the rest were programmed), "panic" (a sync panicked
 	// and was recovered), "conntrack" (stale-entry cleanup failed).
-	SyncFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_sync_failures_total",
-		Help: "Failed proxy rule syncs, by IP family, mode and reason",
-	}, []string{LabelIPFamily, LabelMode, LabelReason})
+	SyncFailuresTotal = counterVec("sluice_sync_failures_total",
+		"Failed proxy rule syncs, by IP family, mode and reason", LabelIPFamily, LabelMode, LabelReason)
 
 	// ServicesFailed is the number of Services the last sync could not program.
-	ServicesFailed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "sluice_services_failed",
-		Help: "Services that the last sync could not program, by IP family",
-	}, []string{LabelIPFamily})
+	ServicesFailed = gaugeVec("sluice_services_failed",
+		"Services that the last sync could not program, by IP family", LabelIPFamily)
 
 	// ServicesProgrammed is the number of Service ports in the desired state.
-	ServicePortsDesired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "sluice_service_ports",
-		Help: "Service ports this node programs, by IP family",
-	}, []string{LabelIPFamily})
+	ServicePortsDesired = gaugeVec("sluice_service_ports",
+		"Service ports this node programs, by IP family", LabelIPFamily)
 
 	// DriftRepairsTotal counts what full resyncs found changed behind sluice's back and
 	// repaired, by kind of kernel object (DriftKinds).
-	DriftRepairsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_drift_repairs_total",
-		Help: "Kernel objects a full resync found different from what sluice last wrote, and repaired, by mode, IP family and kind",
-	}, []string{LabelMode, LabelIPFamily, LabelKind})
+	DriftRepairsTotal = counterVec("sluice_drift_repairs_total",
+		"Kernel objects a full resync found different from what sluice last wrote, and repaired, by mode, IP family and kind",
+		LabelMode, LabelIPFamily, LabelKind)
 
 	// ConfigWarnings is the number of fields of the configuration file that only a lenient
 	// decode accepted, by kind: "unknown_field" (ignored) or "duplicate_field" (the last
 	// value used). sluice starts with them, as upstream does; `sluice config check` refuses
 	// them.
-	ConfigWarnings = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "sluice_config_warnings",
-		Help: "Fields of the configuration file that strict decoding refuses and sluice ignored (unknown) or took the last value of (duplicate), by kind",
-	}, []string{"kind"})
+	ConfigWarnings = gaugeVec("sluice_config_warnings",
+		"Fields of the configuration file that strict decoding refuses and sluice ignored (unknown) or took the last value of (duplicate), by kind",
+		"kind")
 
 	// NodeSetupWarningsTotal counts kernel settings (sysctls, module parameters, the OOM
 	// score) that sluice wanted to change at start and was not allowed to, by setting. It
 	// runs with the current value instead of failing to start.
-	NodeSetupWarningsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_node_setup_warnings_total",
-		Help: "Kernel settings sluice could not write at start (read-only /proc/sys or /sys, missing privilege) and left as they were, by setting",
-	}, []string{"setting"})
+	NodeSetupWarningsTotal = counterVec("sluice_node_setup_warnings_total",
+		"Kernel settings sluice could not write at start (read-only /proc/sys or /sys, missing privilege) and left as they were, by setting",
+		"setting")
 
 	// LocalTrafficDetectionMissing is 1 for a family whose detectLocalMode has nothing to
 	// work with (NodeCIDR without a pod CIDR of the family on the Node, ClusterCIDR without
 	// a clusterCIDR of the family): its Services are programmed without local-traffic
 	// detection. 0 otherwise.
-	LocalTrafficDetectionMissing = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "sluice_local_traffic_detection_missing",
-		Help: "1 when the family is programmed without local-traffic detection because detectLocalMode has no CIDR for it",
-	}, []string{LabelIPFamily})
+	LocalTrafficDetectionMissing = gaugeVec("sluice_local_traffic_detection_missing",
+		"1 when the family is programmed without local-traffic detection because detectLocalMode has no CIDR for it",
+		LabelIPFamily)
 
 	// InputProblemsTotal counts malformed fields found in Services and EndpointSlices.
-	InputProblemsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_input_problems_total",
-		Help: "Malformed fields found in Services and EndpointSlices, by object kind",
-	}, []string{"kind"})
+	InputProblemsTotal = counterVec("sluice_input_problems_total",
+		"Malformed fields found in Services and EndpointSlices, by object kind", "kind")
 )
 
 // Descriptions of the node's conntrack table and of the kernel's conntrack statistics. A
@@ -299,3 +243,17 @@ func Register(mode string) {
 // MustRegisterCollector adds a mode-specific collector (for example the iptables nfacct
 // counters) to Registry.
 func MustRegisterCollector(c prometheus.Collector) { Registry.MustRegister(c) }
+
+// counterVec, gaugeVec and histogramVec declare a metric vector by its full name (upstream's
+// are kubeproxy_*), help text and variable labels; none has constant labels.
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+}
+
+func histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+}

@@ -250,12 +250,29 @@ func TestDescriptionsParse(t *testing.T) {
 }
 
 func TestCollectorListCoversPkgMetrics(t *testing.T) {
-	// Every package-level variable of pkg/metrics initialised by prometheus.New* must be in
-	// collectors or descs, or the other tests would miss its metric.
+	// Every package-level variable of pkg/metrics initialised by prometheus.New*, or by a
+	// function of pkg/metrics that returns a prometheus type (its counterVec and the like),
+	// must be in collectors or descs, or the other tests would miss its metric.
 	path := filepath.Join(repoRoot(t), "pkg", "metrics", "metrics.go")
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	constructors := map[string]bool{}
+	for _, decl := range f.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok || fn.Recv != nil || fn.Type.Results == nil || len(fn.Type.Results.List) != 1 {
+			continue
+		}
+		typ := fn.Type.Results.List[0].Type
+		if star, ok := typ.(*ast.StarExpr); ok {
+			typ = star.X
+		}
+		if sel, ok := typ.(*ast.SelectorExpr); ok {
+			if pkg, ok := sel.X.(*ast.Ident); ok && pkg.Name == "prometheus" {
+				constructors[fn.Name.Name] = true
+			}
+		}
 	}
 	var declared []string
 	for _, decl := range f.Decls {
@@ -271,6 +288,10 @@ func TestCollectorListCoversPkgMetrics(t *testing.T) {
 				}
 				call, ok := vs.Values[i].(*ast.CallExpr)
 				if !ok {
+					continue
+				}
+				if fn, ok := call.Fun.(*ast.Ident); ok && constructors[fn.Name] {
+					declared = append(declared, name.Name)
 					continue
 				}
 				sel, ok := call.Fun.(*ast.SelectorExpr)

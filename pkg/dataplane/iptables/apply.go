@@ -222,13 +222,7 @@ func (b *Backend) applyUnits(ctx context.Context, units []unit, failed map[types
 }
 
 func (b *Backend) batchUnits(units []unit) [][]unit {
-	if b.maxChains <= 0 {
-		return [][]unit{units}
-	}
-	var out [][]unit
-	var cur []unit
-	chains := 0
-	for _, u := range units {
+	return batchByChains(units, b.maxChains, func(u unit) int {
 		n := 0
 		if u.new != nil {
 			n += len(u.new.natChains) + len(u.new.mangleChains)
@@ -236,105 +230,118 @@ func (b *Backend) batchUnits(units []unit) [][]unit {
 		if u.old != nil {
 			n += len(u.old.natChains) + len(u.old.mangleChains)
 		}
-		if len(cur) > 0 && chains+n > b.maxChains {
+		return n
+	})
+}
+
+// batchByChains splits items, in order, into batches that touch at most limit chains each
+// (one batch when limit is 0 or less, none when there are no items); an item of more than
+// limit chains is a batch of its own.
+func batchByChains[T any](items []T, limit int, chains func(T) int) [][]T {
+	if len(items) == 0 {
+		return nil
+	}
+	if limit <= 0 {
+		return [][]T{items}
+	}
+	var out [][]T
+	var cur []T
+	n := 0
+	for _, it := range items {
+		c := chains(it)
+		if len(cur) > 0 && n+c > limit {
 			out = append(out, cur)
-			cur, chains = nil, 0
+			cur, n = nil, 0
 		}
-		cur = append(cur, u)
-		chains += n
+		cur = append(cur, it)
+		n += c
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
-	}
-	return out
+	return append(out, cur)
 }
 
 // isolateUnits commits units; when iptables-restore rejects them it finds the Service to
-// blame, from the line it names or, when it names none (a legacy table refused at COMMIT),
-// by committing halves. Every restore that succeeds is kept: units are independent, so
-// nothing committed ever waits for the failing Service.
+// blame (isolate.Search), from the line it names or, when it names none (a legacy table
+// refused at COMMIT), by committing halves. Every restore that succeeds is kept: units are
+// independent, so nothing committed ever waits for the failing Service. drift is true when
+// a refusal shows that only a full sync can tell what the kernel holds.
 func (b *Backend) isolateUnits(ctx context.Context, units []unit, failed map[types.NamespacedName]error, iso *isolate.Budget) (drift bool, err error) {
-	queue := [][]unit{units}
-	for len(queue) > 0 {
-		us := queue[0]
-		queue = queue[1:]
-		if len(us) == 0 {
-			continue
-		}
-		in := renderUnits(us)
-		if in.empty() {
-			b.commitUnits(us, true, true)
-			continue
-		}
-		rerr := b.restore(ctx, in, false)
-		if rerr == nil {
-			b.commitUnits(us, true, true)
-			continue
-		}
-		var re *xtables.RestoreError
-		if !errors.As(rerr, &re) || len(re.Lines) == 0 {
-			// Not about the input (the xtables lock, a missing program): nobody's fault.
-			return false, rerr
-		}
-		if err := iso.Spend(); err != nil {
-			return false, err
-		}
-		if structural(rerr) {
-			return true, nil
-		}
-		owner, table, named := blame(in, rerr)
-		// What the kernel held before this restore, for the Services it concerned.
-		before := make(map[types.NamespacedName]*appliedService, len(us))
-		for _, u := range us {
-			before[u.name] = u.old
-		}
-		natCommitted := table == tableFilter
-		if natCommitted {
-			// nat was committed before filter failed.
-			b.commitUnits(us, true, false)
-			for i := range us {
-				us[i].old = b.applied[us[i].name]
+	// Of the last restore refused: what the kernel held before it, for the Services it
+	// concerned, and whether its nat table was committed before filter failed.
+	var before map[types.NamespacedName]*appliedService
+	var natCommitted bool
+	search := isolate.Search[unit]{
+		Try: func(us []unit) isolate.Outcome {
+			in := renderUnits(us)
+			if in.empty() {
+				b.commitUnits(us, true, true)
+				return isolate.Taken
 			}
-		}
-		var blamed *unit
-		switch {
-		case named && (owner.kind == lineDelete || owner.kind == lineStale):
-			return true, nil
-		case named && owner.kind == lineService:
-			rest := make([]unit, 0, len(us))
-			for i := range us {
-				if us[i].name == owner.service {
-					blamed = &us[i]
-					continue
+			rerr := b.restore(ctx, in, false)
+			if rerr == nil {
+				b.commitUnits(us, true, true)
+				return isolate.Taken
+			}
+			var re *xtables.RestoreError
+			if !errors.As(rerr, &re) || len(re.Lines) == 0 {
+				// Not about the input (the xtables lock, a missing program): nobody's fault.
+				return isolate.Outcome{Err: rerr, Stop: true}
+			}
+			if structural(rerr) {
+				return isolate.Outcome{Err: errNeedFull, Stop: true}
+			}
+			owner, table, named := blame(in, rerr)
+			before = make(map[types.NamespacedName]*appliedService, len(us))
+			for _, u := range us {
+				before[u.name] = u.old
+			}
+			natCommitted = table == tableFilter
+			if natCommitted {
+				b.commitUnits(us, true, false)
+				for i := range us {
+					us[i].old = b.applied[us[i].name]
 				}
-				rest = append(rest, us[i])
 			}
-			queue = append([][]unit{rest}, queue...)
-		case len(us) == 1:
-			blamed = &us[0]
-		default:
-			// A global line or no line at all: split.
-			half := len(us) / 2
-			queue = append([][]unit{us[:half], us[half:]}, queue...)
-		}
-		if blamed == nil {
-			continue
-		}
-		if !blamed.restoring {
-			failed[blamed.name] = rerr
-			iso.Blamed()
-		}
-		next, ok := b.lastGoodUnit(*blamed, before[blamed.name], natCommitted)
-		if !ok {
-			// Not even its removal was taken: only a full sync can tell what the kernel holds.
-			return true, nil
-		}
-		if next != nil {
-			queue = append(queue, []unit{*next})
-		}
+			out := isolate.Outcome{Err: rerr}
+			switch {
+			case named && (owner.kind == lineDelete || owner.kind == lineStale):
+				return isolate.Outcome{Err: errNeedFull, Stop: true}
+			case named && owner.kind == lineService:
+				for i := range us {
+					if us[i].name == owner.service {
+						out.Blamed = map[int]error{i: rerr}
+					}
+				}
+			}
+			// A global line or no line at all: the search splits the batch.
+			return out
+		},
+		Blame: func(u unit, rerr error) ([]unit, error) {
+			if !u.restoring {
+				failed[u.name] = rerr
+			}
+			next, ok := b.lastGoodUnit(u, before[u.name], natCommitted)
+			switch {
+			case !ok:
+				// Not even its removal was taken.
+				return nil, errNeedFull
+			case next != nil:
+				return []unit{*next}, nil
+			}
+			return nil, nil
+		},
+		Budget: iso,
 	}
-	return false, nil
+	err = search.Run([][]unit{units})
+	if errors.Is(err, errNeedFull) {
+		return true, nil
+	}
+	return false, err
 }
+
+// errNeedFull ends isolateUnits' search when only a full sync can tell what the kernel
+// holds: iptables-restore refused a shared chain's line, a deletion or a stale chain's,
+// or even the removal of a Service's rules.
+var errNeedFull = errors.New("only a full sync can tell what the kernel holds")
 
 // lastGoodUnit decides what follows the kernel's refusal of u, a Service's change from
 // prev: the Service must keep its last good version (dataplane.Backend's failure rule).
@@ -709,61 +716,42 @@ func (b *Backend) applyHeld(ctx context.Context, fs *fullSync) error {
 
 // prestage writes Services' chains in batches of at most maxChains chains.
 func (b *Backend) prestage(ctx context.Context, list []*serviceRules, intact map[string]bool, failed map[types.NamespacedName]error, done map[types.NamespacedName]bool, iso *isolate.Budget) error {
-	var batches [][]*serviceRules
-	var cur []*serviceRules
-	n := 0
-	for _, s := range list {
-		if len(cur) > 0 && n+len(s.natChains) > b.maxChains {
-			batches = append(batches, cur)
-			cur, n = nil, 0
-		}
-		cur = append(cur, s)
-		n += len(s.natChains)
-	}
-	if len(cur) > 0 {
-		batches = append(batches, cur)
-	}
-	for len(batches) > 0 {
-		batch := batches[0]
-		batches = batches[1:]
-		if len(batch) == 0 {
-			continue
-		}
-		in := renderChainsOnly(batch, intact)
-		rerr := b.restore(ctx, in, true)
-		if rerr == nil {
-			for _, s := range batch {
-				done[s.name] = true
+	search := isolate.Search[*serviceRules]{
+		Try: func(batch []*serviceRules) isolate.Outcome {
+			in := renderChainsOnly(batch, intact)
+			rerr := b.restore(ctx, in, true)
+			if rerr == nil {
+				for _, s := range batch {
+					done[s.name] = true
+				}
+				return isolate.Taken
 			}
-			continue
-		}
-		var re *xtables.RestoreError
-		if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
-			return rerr
-		}
-		if err := iso.Spend(); err != nil {
-			return err
-		}
-		owner, _, named := blame(in, rerr)
-		switch {
-		case named && owner.kind == lineService:
-			failed[owner.service] = rerr
-			iso.Blamed()
-			batches = append([][]*serviceRules{slices.DeleteFunc(batch, func(s *serviceRules) bool { return s.name == owner.service })}, batches...)
-		case len(batch) == 1:
-			failed[batch[0].name] = rerr
-			iso.Blamed()
-		default:
-			half := len(batch) / 2
-			batches = append([][]*serviceRules{batch[:half], batch[half:]}, batches...)
-		}
+			var re *xtables.RestoreError
+			if !errors.As(rerr, &re) || len(re.Lines) == 0 || structural(rerr) {
+				return isolate.Outcome{Err: rerr, Stop: true}
+			}
+			out := isolate.Outcome{Err: rerr}
+			if owner, _, named := blame(in, rerr); named && owner.kind == lineService {
+				for i, s := range batch {
+					if s.name == owner.service {
+						out.Blamed = map[int]error{i: rerr}
+					}
+				}
+			}
+			return out
+		},
+		Blame: func(s *serviceRules, err error) ([]*serviceRules, error) {
+			failed[s.name] = err
+			return nil, nil
+		},
+		Budget: iso,
 	}
-	return nil
+	return search.Run(batchByChains(list, b.maxChains, func(s *serviceRules) int { return len(s.natChains) }))
 }
 
 // deleteStale flushes, then deletes, unused chains in bounded batches.
 func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable map[string]bool) error {
-	for _, batch := range chunkStrings(stale, b.maxChains) {
+	for _, batch := range batchByChains(stale, b.maxChains, oneChain) {
 		if err := b.restore(ctx, renderStaleFlush(batch), true); err != nil {
 			return fmt.Errorf("flushing unused chains: %w", err)
 		}
@@ -774,7 +762,7 @@ func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable m
 			todo = append(todo, c)
 		}
 	}
-	for _, batch := range chunkStrings(todo, b.maxChains) {
+	for _, batch := range batchByChains(todo, b.maxChains, oneChain) {
 		for len(batch) > 0 {
 			in := renderStaleDelete(batch)
 			rerr := b.restore(ctx, in, true)
@@ -792,17 +780,5 @@ func (b *Backend) deleteStale(ctx context.Context, stale []string, undeletable m
 	return nil
 }
 
-func chunkStrings(s []string, n int) [][]string {
-	if n <= 0 || len(s) <= n {
-		if len(s) == 0 {
-			return nil
-		}
-		return [][]string{s}
-	}
-	var out [][]string
-	for len(s) > n {
-		out = append(out, s[:n])
-		s = s[n:]
-	}
-	return append(out, s)
-}
+// oneChain weighs a stale chain's name for batchByChains.
+func oneChain(string) int { return 1 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
@@ -392,30 +393,21 @@ func (b *Backend) recordRuleMetrics(static *staticRules) {
 // Apply notices the missing canary too, but only when it runs; Monitor makes it run. It
 // returns when ctx ends. Run it in its own goroutine.
 func (b *Backend) Monitor(ctx context.Context, interval time.Duration, resync func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		// select picks at random when the tick and the cancellation are both ready: a
-		// cancelled Monitor must not check (and ask for a resync) once more.
-		if ctx.Err() != nil {
-			return
-		}
+	// The poll never checks (and asks for a resync) once more after ctx ends, even when a
+	// tick and the cancellation are ready together; it only ends with ctx.
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(context.Context) (bool, error) {
 		if !b.synced.Load() {
-			continue
+			return false, nil
 		}
 		ok, err := b.canaryPresent()
 		if err != nil {
 			b.logger.Error(err, "Could not check the iptables canary")
-			continue
+			return false, nil
 		}
 		if !ok {
 			b.logger.Info("iptables canary chain is gone, asking for a full sync", "chain", chainCanary)
 			resync()
 		}
-	}
+		return false, nil
+	})
 }

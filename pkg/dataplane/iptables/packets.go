@@ -309,11 +309,7 @@ func (b *Backend) readMangle(ctx context.Context) (*mangleView, error) {
 	if b.netlinkReads() {
 		return b.readMangleNFT()
 	}
-	out, err := b.tools.Save(ctx, tableMangle)
-	if err != nil {
-		return nil, err
-	}
-	saved, err := xtables.ParseSave(out)
+	saved, err := xtables.ReadSaved(ctx, b.tools, tableMangle)
 	if err != nil {
 		return nil, err
 	}

@@ -52,11 +52,7 @@ func (b *Backend) readKernel(ctx context.Context) (*kernelView, error) {
 	}
 	kv.rules = map[string]map[string]int{}
 	for _, table := range []string{tableNAT, tableFilter} {
-		out, err := b.tools.Save(ctx, table)
-		if err != nil {
-			return nil, err
-		}
-		saved, err := xtables.ParseSave(out)
+		saved, err := xtables.ReadSaved(ctx, b.tools, table)
 		if err != nil {
 			return nil, err
 		}

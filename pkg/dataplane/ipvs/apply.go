@@ -106,13 +106,9 @@ func (b *Backend) writeRules(ctx context.Context, p *plan, full bool) error {
 	text := rs.text()
 	var fixes map[string]*tableFixes
 	if full {
-		saved, err := b.ipt.Save(ctx)
+		parsed, err := xtables.ReadSaved(ctx, b.ipt)
 		if err != nil {
 			return fmt.Errorf("read iptables rules: %w", err)
-		}
-		parsed, err := xtables.ParseSave(saved)
-		if err != nil {
-			return err
 		}
 		fixes = planFixes(parsed)
 		if b.drift != nil && b.rules != "" {

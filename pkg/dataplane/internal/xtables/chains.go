@@ -104,11 +104,7 @@ var BuiltinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "FORWARD"
 // under it would fail the whole restore. The built-in chains' jumps are kube-proxy's and
 // go.
 func RemoveChains(ctx context.Context, r Runner, owned func(table, chain string) bool, maxPerRestore int) (removed int, err error) {
-	out, err := r.Save(ctx)
-	if err != nil {
-		return 0, err
-	}
-	saved, err := ParseSave(out)
+	saved, err := ReadSaved(ctx, r)
 	if err != nil {
 		return 0, err
 	}

@@ -179,11 +179,7 @@ func (SystemProbe) Chains(ctx context.Context, t *Tools) (map[string]map[string]
 		}
 		return out, nil
 	}
-	saved, err := t.Save(ctx)
-	if err != nil {
-		return nil, err
-	}
-	tables, err := ParseSave(saved)
+	tables, err := ReadSaved(ctx, t)
 	if err != nil {
 		return nil, err
 	}

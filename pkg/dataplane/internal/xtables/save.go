@@ -3,6 +3,7 @@ package xtables
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"strings"
 )
@@ -58,6 +59,16 @@ func ParseSave(out []byte) (Saved, error) {
 		return nil, fmt.Errorf("reading iptables-save output: %w", err)
 	}
 	return tables, nil
+}
+
+// ReadSaved runs r's iptables-save of the tables (every table the kernel holds when none
+// is named, like Runner.Save) and parses its output.
+func ReadSaved(ctx context.Context, r Runner, tables ...string) (Saved, error) {
+	out, err := r.Save(ctx, tables...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseSave(out)
 }
 
 // ChainSet returns the table's chains as a set (an empty one for a nil table).
