@@ -24,7 +24,8 @@ var _ dataplane.TrafficCounterReader = (*Backend)(nil)
 // flavour reads only those chains, over netlink (one request per chain on a connection of
 // its own). The legacy flavour runs one `iptables-legacy-save -c -t <table>` per table:
 // the kernel hands out a legacy table only whole, whatever is listed, so a read of nat
-// copies every rule of it; it may wait for the xtables lock while a restore holds it.
+// copies every rule of it. iptables-legacy-save takes no xtables lock (its table read is
+// one atomic getsockopt), so a read never holds up a restore, nor waits for one.
 func (b *Backend) ReadTrafficCounters() ([]dataplane.TrafficCount, error) {
 	if b.counters.Len() == 0 {
 		return nil, nil
