@@ -13,6 +13,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/test/errtest"
 )
 
 // complete parses args as sluice's command line and completes the options. The OS
@@ -136,14 +137,8 @@ func TestHostname(t *testing.T) {
 				args = append(args, "--config", writeConfig(t, tt.file))
 			}
 			o, err := complete(t, args...)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error %v, want %q", err, tt.wantErr)
-				}
+			if errtest.Want(t, err, tt.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if o.Effective.NodeName != tt.want {
 				t.Errorf("NodeName = %q, want %q", o.Effective.NodeName, tt.want)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
 	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/errtest"
 )
 
 // Conventions: node 192.168.0.2; ClusterIPs 172.30.0.x; endpoints 10.0.x.y; port 53 → 5353.
@@ -116,14 +117,8 @@ func TestApplySysctls(t *testing.T) {
 				sysctls, params = hostnet.Tolerant{Sysctls: sysctls, Warn: warn}, hostnet.Tolerant{Sysctls: params, Warn: warn}
 			}
 			err := applySysctls(context.Background(), tc.s, Kernel{Sysctls: sysctls, ModuleParameters: params}, tc.cpus)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want %q", err, tc.wantErr)
-				}
+			if errtest.Want(t, err, tc.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			for k, v := range tc.want {
 				if tc.files[k] != v {

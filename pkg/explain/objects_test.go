@@ -3,6 +3,8 @@ package explain
 import (
 	"strings"
 	"testing"
+
+	"github.com/sluiceproxy/sluice/test/errtest"
 )
 
 // kubectlList is what `kubectl get svc,endpointslices,nodes -o yaml` prints (trimmed).
@@ -91,14 +93,8 @@ func TestDecodeObjects(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			objs, err := DecodeObjects(strings.NewReader(tt.input))
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
-				}
+			if errtest.Want(t, err, tt.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if len(objs.Services) != tt.services || len(objs.EndpointSlices) != tt.slices || len(objs.Nodes) != tt.nodes || len(objs.ServiceCIDRs) != tt.cidr {
 				t.Errorf("got %d services, %d slices, %d nodes, %d ServiceCIDRs; want %d %d %d %d", len(objs.Services), len(objs.EndpointSlices),

@@ -21,6 +21,14 @@ func TestComputeServiceEndpoints(t *testing.T) {
 	port := func(name string, proto v1.Protocol, n int32) discoveryv1.EndpointPort {
 		return discoveryv1.EndpointPort{Name: ptr.To(name), Protocol: ptr.To(proto), Port: ptr.To(n)}
 	}
+	// nonTerminatingCopyWins checks the one endpoint kept of a duplicate: the ready copy
+	// (makeEndpoint's default node, node-b), not the terminating one on node-c.
+	nonTerminatingCopyWins := func(t *testing.T, ports []*ServicePort, _ []Problem) {
+		t.Helper()
+		if e := ports[0].AllEndpoints[0]; e.Terminating || e.NodeName != "node-b" {
+			t.Errorf("terminating copy won: %+v", e)
+		}
+	}
 
 	tests := []struct {
 		name   string
@@ -113,12 +121,8 @@ func TestComputeServiceEndpoints(t *testing.T) {
 				makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.1", terminatingServing, onNode("node-c", "zone-a"))),
 				makeSlice("a", "a-2", IPv4, 8080, makeEndpoint("10.0.0.1")),
 			},
-			want: map[string][]string{"p80": {"10.0.0.1:8080"}},
-			check: func(t *testing.T, ports []*ServicePort, _ []Problem) {
-				if e := ports[0].AllEndpoints[0]; e.Terminating || e.NodeName != "node-b" {
-					t.Errorf("terminating copy won: %+v", e)
-				}
-			},
+			want:  map[string][]string{"p80": {"10.0.0.1:8080"}},
+			check: nonTerminatingCopyWins,
 		},
 		{
 			name: "duplicate endpoint across slices: non-terminating wins (terminating copy last)",
@@ -127,12 +131,8 @@ func TestComputeServiceEndpoints(t *testing.T) {
 				makeSlice("a", "a-1", IPv4, 8080, makeEndpoint("10.0.0.1")),
 				makeSlice("a", "a-2", IPv4, 8080, makeEndpoint("10.0.0.1", terminatingServing, onNode("node-c", "zone-a"))),
 			},
-			want: map[string][]string{"p80": {"10.0.0.1:8080"}},
-			check: func(t *testing.T, ports []*ServicePort, _ []Problem) {
-				if e := ports[0].AllEndpoints[0]; e.Terminating || e.NodeName != "node-b" {
-					t.Errorf("terminating copy won: %+v", e)
-				}
-			},
+			want:  map[string][]string{"p80": {"10.0.0.1:8080"}},
+			check: nonTerminatingCopyWins,
 		},
 		{
 			name: "duplicate endpoint, both ready: the first slice by name wins whatever the input order",

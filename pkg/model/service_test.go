@@ -51,6 +51,33 @@ func TestComputeServiceFields(t *testing.T) {
 		return func(s *v1.Service) { s.Annotations = map[string]string{k: v} }
 	}
 
+	// The checks several rows share: nothing at all; one port with this ClusterIP and no
+	// problem; no port and a problem naming field with msg.
+	yieldsNothing := func(t *testing.T, ports []*ServicePort, problems []Problem) {
+		t.Helper()
+		if len(ports) != 0 || len(problems) != 0 {
+			t.Errorf("got %v %v, want no port and no problem", ports, problems)
+		}
+	}
+	yieldsClusterIP := func(ip string) func(*testing.T, []*ServicePort, []Problem) {
+		return func(t *testing.T, ports []*ServicePort, problems []Problem) {
+			t.Helper()
+			if sp := onePort(t, ports); sp.ClusterIP.String() != ip {
+				t.Errorf("ClusterIP %v, want %s", sp.ClusterIP, ip)
+			}
+			wantNoProblems(t, problems)
+		}
+	}
+	refusedWith := func(field, msg string) func(*testing.T, []*ServicePort, []Problem) {
+		return func(t *testing.T, ports []*ServicePort, problems []Problem) {
+			t.Helper()
+			if len(ports) != 0 {
+				t.Errorf("got ports %v", ports)
+			}
+			wantProblem(t, problems, field, msg)
+		}
+	}
+
 	tests := []struct {
 		name   string
 		svc    *v1.Service
@@ -71,22 +98,14 @@ func TestComputeServiceFields(t *testing.T) {
 			},
 		},
 		{
-			name: "ExternalName skipped",
-			svc:  makeService("a", withType(v1.ServiceTypeExternalName)),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if len(ports) != 0 || len(problems) != 0 {
-					t.Errorf("got %v %v", ports, problems)
-				}
-			},
+			name:  "ExternalName skipped",
+			svc:   makeService("a", withType(v1.ServiceTypeExternalName)),
+			check: yieldsNothing,
 		},
 		{
-			name: "headless skipped",
-			svc:  makeService("a", withClusterIPs("None")),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if len(ports) != 0 || len(problems) != 0 {
-					t.Errorf("got %v %v", ports, problems)
-				}
-			},
+			name:  "headless skipped",
+			svc:   makeService("a", withClusterIPs("None")),
+			check: yieldsNothing,
 		},
 		{
 			name: "service-proxy-name label skipped whatever its value",
@@ -98,81 +117,47 @@ func TestComputeServiceFields(t *testing.T) {
 			},
 		},
 		{
-			name: "Service without ClusterIP skipped",
-			svc:  makeService("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if len(ports) != 0 || len(problems) != 0 {
-					t.Errorf("got %v %v", ports, problems)
-				}
-			},
+			name:  "Service without ClusterIP skipped",
+			svc:   makeService("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "", nil }),
+			check: yieldsNothing,
 		},
 		{
 			name:   "single-stack IPv4 service has nothing in IPv6",
 			svc:    makeService("a", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"bad"} }),
 			family: IPv6,
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if len(ports) != 0 || len(problems) != 0 {
-					t.Errorf("problems of a Service with nothing in this family are noise: %v %v", ports, problems)
-				}
-			},
+			// Problems of a Service with nothing in this family would be noise.
+			check: yieldsNothing,
 		},
 		{
 			name:   "dual-stack service yields the IPv6 ClusterIP in IPv6",
 			svc:    makeService("a", withClusterIPs("172.30.0.1", "fd00:30::1")),
 			family: IPv6,
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.ClusterIP.String() != "fd00:30::1" {
-					t.Errorf("ClusterIP %v", sp.ClusterIP)
-				}
-			},
+			check:  yieldsClusterIP("fd00:30::1"),
 		},
 		{
-			name: "legacy spec.clusterIP used when clusterIPs is unset",
-			svc:  makeService("a", func(s *v1.Service) { s.Spec.ClusterIPs, s.Spec.IPFamilies = nil, nil }),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.ClusterIP.String() != "172.30.0.1" {
-					t.Errorf("ClusterIP %v", sp.ClusterIP)
-				}
-			},
+			name:  "legacy spec.clusterIP used when clusterIPs is unset",
+			svc:   makeService("a", func(s *v1.Service) { s.Spec.ClusterIPs, s.Spec.IPFamilies = nil, nil }),
+			check: yieldsClusterIP("172.30.0.1"),
 		},
 		{
-			name: "invalid ClusterIP reported and nothing programmed",
-			svc:  makeService("a", withClusterIPs("172.30.0.300")),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if len(ports) != 0 {
-					t.Errorf("got ports %v", ports)
-				}
-				wantProblem(t, problems, "spec.clusterIPs[0]", "not an IP address")
-			},
+			name:  "invalid ClusterIP reported and nothing programmed",
+			svc:   makeService("a", withClusterIPs("172.30.0.300")),
+			check: refusedWith("spec.clusterIPs[0]", "not an IP address"),
 		},
 		{
-			name: "leading-zero IPv4 ClusterIP read as decimal like upstream",
-			svc:  makeService("a", withClusterIPs("172.030.000.010")),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.ClusterIP.String() != "172.30.0.10" {
-					t.Errorf("ClusterIP %v", sp.ClusterIP)
-				}
-				wantNoProblems(t, problems)
-			},
+			name:  "leading-zero IPv4 ClusterIP read as decimal like upstream",
+			svc:   makeService("a", withClusterIPs("172.030.000.010")),
+			check: yieldsClusterIP("172.30.0.10"),
 		},
 		{
-			name: "IPv4-mapped ClusterIP treated as IPv4",
-			svc:  makeService("a", withClusterIPs("::ffff:172.30.0.1")),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.ClusterIP.String() != "172.30.0.1" {
-					t.Errorf("ClusterIP %v", sp.ClusterIP)
-				}
-			},
+			name:  "IPv4-mapped ClusterIP treated as IPv4",
+			svc:   makeService("a", withClusterIPs("::ffff:172.30.0.1")),
+			check: yieldsClusterIP("172.30.0.1"),
 		},
 		{
-			name: "unspecified ClusterIP refused",
-			svc:  makeService("a", withClusterIPs("0.0.0.0")),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if len(ports) != 0 {
-					t.Errorf("got ports %v", ports)
-				}
-				wantProblem(t, problems, "spec.clusterIPs[0]", "not a unicast address")
-			},
+			name:  "unspecified ClusterIP refused",
+			svc:   makeService("a", withClusterIPs("0.0.0.0")),
+			check: refusedWith("spec.clusterIPs[0]", "not a unicast address"),
 		},
 		{
 			name: "NodePort kept for NodePort service",

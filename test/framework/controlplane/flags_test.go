@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluiceproxy/sluice/test/errtest"
 )
 
 func TestNewConfigDefaultsAndValidation(t *testing.T) {
@@ -30,14 +32,8 @@ func TestNewConfigDefaultsAndValidation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := newConfig(tt.opts)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
-				}
+			if errtest.Want(t, err, tt.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.bindAddress.String() != tt.wantBind {
 				t.Errorf("bind address = %s, want %s", c.bindAddress, tt.wantBind)
