@@ -441,14 +441,8 @@ func renderFull(p *fullPlan) *restoreInput {
 	}
 	var decls []chainDecl
 	for _, s := range p.write {
-		if p.prestaged[s.name] {
-			continue
-		}
-		o := lineOwner{kind: lineService, service: s.name}
-		for _, c := range s.natChains {
-			if !p.intact[c.name] {
-				decls = append(decls, chainDecl{c.name, o})
-			}
+		if !p.prestaged[s.name] {
+			decls = s.appendChainDecls(decls, p.intact)
 		}
 	}
 	for _, c := range p.stale {
@@ -462,19 +456,9 @@ func renderFull(p *fullPlan) *restoreInput {
 		r.addTop(global, k.natTop)
 	}
 	for _, s := range p.write {
-		o := lineOwner{kind: lineService, service: s.name}
-		r.addTop(o, s.natTop)
-		if p.prestaged[s.name] {
-			continue
-		}
-		for i := range s.natChains {
-			c := &s.natChains[i]
-			if p.intact[c.name] {
-				continue
-			}
-			for j := range c.rules {
-				r.add(o, c.rules[j])
-			}
+		r.addTop(lineOwner{kind: lineService, service: s.name}, s.natTop)
+		if !p.prestaged[s.name] {
+			s.addChainRules(r, p.intact)
 		}
 	}
 	for _, l := range p.static.natTail {
@@ -521,28 +505,41 @@ func renderChainsOnly(services []*serviceRules, intact map[string]bool) *restore
 	r.beginTable(tableNAT)
 	var decls []chainDecl
 	for _, s := range services {
-		o := lineOwner{kind: lineService, service: s.name}
-		for _, c := range s.natChains {
-			if !intact[c.name] {
-				decls = append(decls, chainDecl{c.name, o})
-			}
-		}
+		decls = s.appendChainDecls(decls, intact)
 	}
 	writeDecls(r, decls)
 	for _, s := range services {
-		o := lineOwner{kind: lineService, service: s.name}
-		for i := range s.natChains {
-			c := &s.natChains[i]
-			if intact[c.name] {
-				continue
-			}
-			for j := range c.rules {
-				r.add(o, c.rules[j])
-			}
-		}
+		s.addChainRules(r, intact)
 	}
 	r.commit()
 	return r
+}
+
+// appendChainDecls appends the declarations of the Service's nat chains, but for the
+// intact counter chains (a declaration would flush their counts).
+func (s *serviceRules) appendChainDecls(decls []chainDecl, intact map[string]bool) []chainDecl {
+	o := lineOwner{kind: lineService, service: s.name}
+	for _, c := range s.natChains {
+		if !intact[c.name] {
+			decls = append(decls, chainDecl{c.name, o})
+		}
+	}
+	return decls
+}
+
+// addChainRules writes the rules of the Service's nat chains, but for the intact counter
+// chains (they already hold them).
+func (s *serviceRules) addChainRules(r *restoreInput, intact map[string]bool) {
+	o := lineOwner{kind: lineService, service: s.name}
+	for i := range s.natChains {
+		c := &s.natChains[i]
+		if intact[c.name] {
+			continue
+		}
+		for j := range c.rules {
+			r.add(o, c.rules[j])
+		}
+	}
 }
 
 // renderStaleFlush flushes chains nobody uses any more, and renderStaleDelete deletes
