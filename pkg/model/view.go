@@ -2,6 +2,7 @@ package model
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -141,10 +142,10 @@ func (s *NodeState) View() StateView {
 		Node: NodeView{
 			Name:     s.Node.Name,
 			Zone:     s.Node.Zone,
-			IPs:      addrStrings(s.Node.IPs, false),
-			PodCIDRs: prefixStrings(s.Node.PodCIDRs, false),
+			IPs:      formatted(s.Node.IPs, nil),
+			PodCIDRs: formatted(s.Node.PodCIDRs, nil),
 		},
-		ServiceCIDRs: prefixStrings(s.ServiceCIDRs, true),
+		ServiceCIDRs: formatted(s.ServiceCIDRs, comparePrefixes),
 		Services:     make([]ServicePortView, 0, len(s.Services)),
 		Problems:     []ProblemView{},
 	}
@@ -189,9 +190,9 @@ func (sp *ServicePort) View() ServicePortView {
 		Type:                     string(sp.Type),
 		Port:                     sp.Port,
 		NodePort:                 sp.NodePort,
-		ExternalIPs:              addrStrings(sp.ExternalIPs, true),
-		LoadBalancerVIPs:         addrStrings(sp.LoadBalancerVIPs, true),
-		LoadBalancerSourceRanges: prefixStrings(sp.LoadBalancerSourceRanges, true),
+		ExternalIPs:              formatted(sp.ExternalIPs, netip.Addr.Compare),
+		LoadBalancerVIPs:         formatted(sp.LoadBalancerVIPs, netip.Addr.Compare),
+		LoadBalancerSourceRanges: formatted(sp.LoadBalancerSourceRanges, comparePrefixes),
 		SessionAffinity:          "None",
 		AffinityTimeoutSeconds:   sp.AffinityTimeoutSeconds,
 		ExternalTrafficPolicy:    policyName(sp.ExternalPolicyLocal),
@@ -271,35 +272,23 @@ func sortedStrings(in []string) []string {
 	return out
 }
 
-// addrStrings formats addrs, sorted when sorted is true; never nil.
-func addrStrings(addrs []netip.Addr, sorted bool) []string {
-	in := addrs
-	if sorted {
-		in = slices.Clone(addrs)
-		slices.SortFunc(in, netip.Addr.Compare)
+// formatted returns the String of every x, first sorted by compare unless compare is nil;
+// never nil.
+func formatted[T fmt.Stringer](xs []T, compare func(a, b T) int) []string {
+	if compare != nil {
+		xs = slices.Clone(xs)
+		slices.SortFunc(xs, compare)
 	}
-	out := make([]string, 0, len(in))
-	for _, a := range in {
-		out = append(out, a.String())
+	out := make([]string, 0, len(xs))
+	for _, x := range xs {
+		out = append(out, x.String())
 	}
 	return out
 }
 
-// prefixStrings formats prefixes, sorted (by address, then length) when sorted is true;
-// never nil.
-func prefixStrings(prefixes []netip.Prefix, sorted bool) []string {
-	in := prefixes
-	if sorted {
-		in = slices.Clone(prefixes)
-		slices.SortFunc(in, func(a, b netip.Prefix) int {
-			return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-		})
-	}
-	out := make([]string, 0, len(in))
-	for _, p := range in {
-		out = append(out, p.String())
-	}
-	return out
+// comparePrefixes orders prefixes by address, then length.
+func comparePrefixes(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // String returns the port's key as "ns/name:port/PROTOCOL" ("ns/name/PROTOCOL" when the

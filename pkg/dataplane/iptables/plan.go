@@ -211,12 +211,12 @@ type unit struct {
 func renderUnits(units []unit) *restoreInput {
 	r := newRestoreInput()
 	var natDecls []chainDecl
-	var natDeletes, natAdds, natRules, natStale, filterDeletes, filterAdds []ownedLine
+	var natRules, natStale []ownedLine
 	var mangleDecls []chainDecl
-	var mangleRules, mangleDeletes, mangleAdds, mangleStale []ownedLine
+	var mangleRules, mangleStale []ownedLine
+	mangleTop, natTop, filterTop := topDiff{table: tableMangle}, topDiff{table: tableNAT}, topDiff{table: tableFilter}
 	for _, u := range units {
 		owner := lineOwner{kind: lineService, service: u.name}
-		del := lineOwner{kind: lineDelete, service: u.name}
 		// The packet counters (mangle): a counter chain never changes while its port is
 		// counted, so only new ones are written and gone ones deleted; the dispatch rules
 		// are diffed like the shared chains' rules.
@@ -240,13 +240,7 @@ func renderUnits(units []unit) *restoreInput {
 				}
 			}
 		}
-		gone, added := diffTop(oldMangle, newMangle)
-		for _, t := range gone {
-			mangleDeletes = append(mangleDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
-		}
-		for _, t := range added {
-			mangleAdds = append(mangleAdds, ownedLine{owner, "-A " + t.chain + " " + t.spec})
-		}
+		mangleTop.add(u.name, oldMangle, newMangle)
 		for _, c := range oldCounters {
 			if !newCounters[c] {
 				stale := lineOwner{kind: lineStale, chain: c}
@@ -278,20 +272,8 @@ func renderUnits(units []unit) *restoreInput {
 				}
 			}
 		}
-		gone, added = diffTop(oldNat, newNat)
-		for _, t := range gone {
-			natDeletes = append(natDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
-		}
-		for _, t := range added {
-			natAdds = append(natAdds, ownedLine{owner, addLine(tableNAT, t)})
-		}
-		gone, added = diffTop(oldFilter, newFilter)
-		for _, t := range gone {
-			filterDeletes = append(filterDeletes, ownedLine{del, "-D " + t.chain + " " + t.spec})
-		}
-		for _, t := range added {
-			filterAdds = append(filterAdds, ownedLine{owner, addLine(tableFilter, t)})
-		}
+		natTop.add(u.name, oldNat, newNat)
+		filterTop.add(u.name, oldFilter, newFilter)
 		for _, oc := range u.old.chainNames() {
 			if c := oc; !newChains[c] {
 				stale := lineOwner{kind: lineStale, chain: c}
@@ -302,23 +284,23 @@ func renderUnits(units []unit) *restoreInput {
 	}
 	// mangle (packet counters of counted Services only) before nat: when it fails,
 	// nothing was committed.
-	if len(mangleDecls)+len(mangleDeletes)+len(mangleAdds) > 0 {
+	if len(mangleDecls) > 0 || !mangleTop.empty() {
 		r.beginTable(tableMangle)
 		writeDecls(r, mangleDecls)
-		writeOwned(r, mangleRules, mangleDeletes, mangleAdds, mangleStale)
+		writeOwned(r, mangleRules, mangleTop.deletes, mangleTop.adds, mangleStale)
 		r.commit()
 	}
 	// nat first: a Service gaining endpoints is DNATed before its REJECT goes away, and
 	// when nat fails nothing at all was committed.
-	if len(natDecls)+len(natDeletes)+len(natAdds) > 0 {
+	if len(natDecls) > 0 || !natTop.empty() {
 		r.beginTable(tableNAT)
 		writeDecls(r, natDecls)
-		writeOwned(r, natDeletes, natAdds, natRules, natStale)
+		writeOwned(r, natTop.deletes, natTop.adds, natRules, natStale)
 		r.commit()
 	}
-	if len(filterDeletes)+len(filterAdds) > 0 {
+	if !filterTop.empty() {
 		r.beginTable(tableFilter)
-		writeOwned(r, filterDeletes, filterAdds)
+		writeOwned(r, filterTop.deletes, filterTop.adds)
 		r.commit()
 	}
 	return r
@@ -336,6 +318,28 @@ func writeOwned(r *restoreInput, groups ...[]ownedLine) {
 		}
 	}
 }
+
+// topDiff collects, for one table, the lines of a partial sync that take Services'
+// top-level rules from what the kernel holds to what they should be.
+type topDiff struct {
+	table string
+	// deletes are `-D` lines, owned as lineDelete (they fail only on drift); adds are
+	// addLine lines, owned by their Service.
+	deletes, adds []ownedLine
+}
+
+// add diffs one Service's top-level rules of the table, old to new.
+func (d *topDiff) add(name types.NamespacedName, old, new []topRule) {
+	gone, added := diffTop(old, new)
+	for _, t := range gone {
+		d.deletes = append(d.deletes, ownedLine{lineOwner{kind: lineDelete, service: name}, "-D " + t.chain + " " + t.spec})
+	}
+	for _, t := range added {
+		d.adds = append(d.adds, ownedLine{lineOwner{kind: lineService, service: name}, addLine(d.table, t)})
+	}
+}
+
+func (d *topDiff) empty() bool { return len(d.deletes)+len(d.adds) == 0 }
 
 // addLine returns the line that adds a top-level rule in a partial sync. In nat
 // KUBE-SERVICES the rule is inserted at the top, because the jump to KUBE-NODEPORTS must
@@ -437,14 +441,8 @@ func renderFull(p *fullPlan) *restoreInput {
 	}
 	var decls []chainDecl
 	for _, s := range p.write {
-		if p.prestaged[s.name] {
-			continue
-		}
-		o := lineOwner{kind: lineService, service: s.name}
-		for _, c := range s.natChains {
-			if !p.intact[c.name] {
-				decls = append(decls, chainDecl{c.name, o})
-			}
+		if !p.prestaged[s.name] {
+			decls = s.appendChainDecls(decls, p.intact)
 		}
 	}
 	for _, c := range p.stale {
@@ -458,19 +456,9 @@ func renderFull(p *fullPlan) *restoreInput {
 		r.addTop(global, k.natTop)
 	}
 	for _, s := range p.write {
-		o := lineOwner{kind: lineService, service: s.name}
-		r.addTop(o, s.natTop)
-		if p.prestaged[s.name] {
-			continue
-		}
-		for i := range s.natChains {
-			c := &s.natChains[i]
-			if p.intact[c.name] {
-				continue
-			}
-			for j := range c.rules {
-				r.add(o, c.rules[j])
-			}
+		r.addTop(lineOwner{kind: lineService, service: s.name}, s.natTop)
+		if !p.prestaged[s.name] {
+			s.addChainRules(r, p.intact)
 		}
 	}
 	for _, l := range p.static.natTail {
@@ -517,28 +505,41 @@ func renderChainsOnly(services []*serviceRules, intact map[string]bool) *restore
 	r.beginTable(tableNAT)
 	var decls []chainDecl
 	for _, s := range services {
-		o := lineOwner{kind: lineService, service: s.name}
-		for _, c := range s.natChains {
-			if !intact[c.name] {
-				decls = append(decls, chainDecl{c.name, o})
-			}
-		}
+		decls = s.appendChainDecls(decls, intact)
 	}
 	writeDecls(r, decls)
 	for _, s := range services {
-		o := lineOwner{kind: lineService, service: s.name}
-		for i := range s.natChains {
-			c := &s.natChains[i]
-			if intact[c.name] {
-				continue
-			}
-			for j := range c.rules {
-				r.add(o, c.rules[j])
-			}
-		}
+		s.addChainRules(r, intact)
 	}
 	r.commit()
 	return r
+}
+
+// appendChainDecls appends the declarations of the Service's nat chains, but for the
+// intact counter chains (a declaration would flush their counts).
+func (s *serviceRules) appendChainDecls(decls []chainDecl, intact map[string]bool) []chainDecl {
+	o := lineOwner{kind: lineService, service: s.name}
+	for _, c := range s.natChains {
+		if !intact[c.name] {
+			decls = append(decls, chainDecl{c.name, o})
+		}
+	}
+	return decls
+}
+
+// addChainRules writes the rules of the Service's nat chains, but for the intact counter
+// chains (they already hold them).
+func (s *serviceRules) addChainRules(r *restoreInput, intact map[string]bool) {
+	o := lineOwner{kind: lineService, service: s.name}
+	for i := range s.natChains {
+		c := &s.natChains[i]
+		if intact[c.name] {
+			continue
+		}
+		for j := range c.rules {
+			r.add(o, c.rules[j])
+		}
+	}
 }
 
 // renderStaleFlush flushes chains nobody uses any more, and renderStaleDelete deletes

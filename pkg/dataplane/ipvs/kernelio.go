@@ -254,14 +254,28 @@ func newNetlinkLinks() (*netlinkLinks, error) {
 
 func (n *netlinkLinks) close() { n.h.Close() }
 
-func (n *netlinkLinks) Dummy(name string) (bool, []netip.Addr, error) {
+// linkByName looks up a link; a missing one is errNotExist, which removal ignores and
+// Dummy reports as absent.
+func (n *netlinkLinks) linkByName(name string) (netlink.Link, error) {
 	link, err := n.h.LinkByName(name)
 	if err != nil {
+		err = fmt.Errorf("look up %s: %w", name, err)
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			return false, nil, nil
+			return nil, &kernelError{err: err, kind: errNotExist}
 		}
-		return false, nil, fmt.Errorf("look up %s: %w", name, err)
+		return nil, err
+	}
+	return link, nil
+}
+
+func (n *netlinkLinks) Dummy(name string) (bool, []netip.Addr, error) {
+	link, err := n.linkByName(name)
+	if errors.Is(err, errNotExist) {
+		return false, nil, nil
+	}
+	if err != nil {
+		return false, nil, err
 	}
 	addrs, err := n.h.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
@@ -282,12 +296,8 @@ func (n *netlinkLinks) CreateDummy(name string) error {
 }
 
 func (n *netlinkLinks) DeleteLink(name string) error {
-	link, err := n.h.LinkByName(name)
+	link, err := n.linkByName(name)
 	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return &kernelError{err: err, kind: errNotExist}
-		}
 		return err
 	}
 	return classify(n.h.LinkDel(link), nil, []error{unix.ENODEV})
@@ -302,21 +312,17 @@ func hostPrefix(a netip.Addr) *netlink.Addr {
 }
 
 func (n *netlinkLinks) AddAddr(name string, a netip.Addr) error {
-	link, err := n.h.LinkByName(name)
+	link, err := n.linkByName(name)
 	if err != nil {
-		return fmt.Errorf("look up %s: %w", name, err)
+		return err
 	}
 	return classify(n.h.AddrAdd(link, hostPrefix(a)), []error{unix.EEXIST}, nil)
 }
 
 func (n *netlinkLinks) DelAddr(name string, a netip.Addr) error {
-	link, err := n.h.LinkByName(name)
+	link, err := n.linkByName(name)
 	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return &kernelError{err: err, kind: errNotExist}
-		}
-		return fmt.Errorf("look up %s: %w", name, err)
+		return err
 	}
 	return classify(n.h.AddrDel(link, hostPrefix(a)), nil, []error{unix.EADDRNOTAVAIL, unix.ENODEV})
 }
