@@ -2,6 +2,7 @@ package conntrack
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -250,15 +251,66 @@ func TestReconcileWalksOnlyWhatChanged(t *testing.T) {
 	}}
 	r := NewReconciler(model.IPv4, withFlowTable(table), WithLocalAddresses(func() ([]netip.Addr, error) { return nil, nil }))
 
-	if n, err := r.Reconcile(context.Background(), st, changedServices("ns/web")); err != nil || n != 0 || len(table.walks) != 0 {
-		t.Fatalf("TCP-only change: deleted %d, err %v, walks %v; want no walk", n, err, table.walks)
+	// The first sync of a TCP Service programs a new frontend: one TCP walk, for the
+	// entries that reached it before its rules (none here).
+	if n, err := r.Reconcile(context.Background(), st, changedServices("ns/web")); err != nil || n != 0 || table.walks[tcpProto] != 1 || table.walks[udp] != 0 {
+		t.Fatalf("new TCP Service: deleted %d, err %v, walks %v; want one TCP walk", n, err, table.walks)
+	}
+	// Its later changes (endpoints) walk nothing.
+	if n, err := r.Reconcile(context.Background(), st, changedServices("ns/web")); err != nil || n != 0 || table.walks[tcpProto] != 1 || table.walks[udp] != 0 {
+		t.Fatalf("TCP-only change of a known frontend: deleted %d, err %v, walks %v; want no walk", n, err, table.walks)
 	}
 	n, err := r.Reconcile(context.Background(), st, changedServices("ns/dns"))
-	if err != nil || n != 1 || table.walks[udp] != 1 || table.walks[sctp] != 0 {
+	if err != nil || n != 1 || table.walks[udp] != 1 || table.walks[sctp] != 0 || table.walks[tcpProto] != 1 {
 		t.Fatalf("deleted %d, err %v, walks %v; want 1 deleted in one UDP walk", n, err, table.walks)
 	}
 	if len(table.flows) != 1 || table.flows[0].Reply.Src != ap("10.0.1.1:5353") {
 		t.Fatalf("left %v", table.flows)
+	}
+}
+
+func TestUnansweredTCPEntries(t *testing.T) {
+	web := udpService("ns", "web", "172.30.0.20", 30080, endpoint("10.0.1.1", true))
+	web.Name.Protocol, web.Port = model.TCP, 80
+	web.ExternalIPs = []netip.Addr{netip.MustParseAddr("192.168.99.1")}
+	web.LoadBalancerVIPs = []netip.Addr{netip.MustParseAddr("5.6.7.8")}
+	old := udpService("ns", "old", "172.30.0.21", 0, endpoint("10.0.1.2", true))
+	old.Name.Protocol, old.Port = model.TCP, 80
+	r := NewReconciler(model.IPv4)
+	if fresh := r.newTCPFrontends(state(old), changedServices("ns/old")); len(fresh) != 1 {
+		t.Fatalf("first sync of ns/old: new frontends %v, want its ClusterIP", fresh)
+	}
+	fresh := r.newTCPFrontends(state(web, old), changedServices("ns/web", "ns/old"))
+	if len(fresh) != 3 {
+		t.Fatalf("new frontends %v, want web's ClusterIP, external IP and load-balancer IP", fresh)
+	}
+	unanswered := func(f *Flow) *Flow { f.Replied = false; return f }
+	answered := func(f *Flow) *Flow { f.Replied = true; return f }
+	for _, tc := range []struct {
+		name string
+		f    *Flow
+		want bool
+	}{
+		{"SYN to a new ClusterIP before its rules goes", unanswered(flow(tcpProto, "10.0.2.9:4000", "172.30.0.20:80", "172.30.0.20:80")), true},
+		{"SYN to a new external IP before its rules goes", unanswered(flow(tcpProto, "203.0.113.1:4000", "192.168.99.1:80", "192.168.99.1:80")), true},
+		{"SYN to a new load-balancer IP before its rules goes", unanswered(flow(tcpProto, "203.0.113.1:4000", "5.6.7.8:80", "5.6.7.8:80")), true},
+		{"an answered un-NATed connection stays (a host that really has the address)", answered(flow(tcpProto, "203.0.113.1:4000", "192.168.99.1:80", "192.168.99.1:80")), false},
+		{"a DNATed connection attempt stays", unanswered(flow(tcpProto, "10.0.2.9:4000", "172.30.0.20:80", "10.0.1.1:5353")), false},
+		{"a known frontend is not walked", unanswered(flow(tcpProto, "10.0.2.9:4000", "172.30.0.21:80", "172.30.0.21:80")), false},
+		{"another port of the address stays", unanswered(flow(tcpProto, "10.0.2.9:4000", "172.30.0.20:81", "172.30.0.20:81")), false},
+		{"NodePorts are the node's own stack's (it resets)", unanswered(flow(tcpProto, "203.0.113.1:4000", "192.168.0.2:30080", "192.168.0.2:30080")), false},
+	} {
+		if got := unansweredTCP(tc.f, fresh); got != tc.want {
+			t.Errorf("%s: unansweredTCP = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if again := r.newTCPFrontends(state(web, old), changedServices("ns/web")); len(again) != 0 {
+		t.Errorf("an endpoint change of ns/web: new frontends %v, want none", again)
+	}
+	// A deleted and recreated Service's frontends are new again, also through a full sync.
+	r.newTCPFrontends(state(old), changedServices("ns/web"))
+	if back := r.newTCPFrontends(state(web, old), model.Changes{Full: true}); len(back) != 3 {
+		t.Errorf("recreated ns/web in a full sync: new frontends %v, want its 3", back)
 	}
 }
 
@@ -312,6 +364,13 @@ func TestParseFlow(t *testing.T) {
 				t.Errorf("parseFlow = %+v, want %+v", f, want)
 			}
 		})
+	}
+	// The message's status (0x1a8: confirmed, NATed) has no IPS_SEEN_REPLY; with it, the
+	// flow is answered.
+	msg := ctMessage(unix.AF_INET, tcpProto, ap("10.0.2.9:4000"), ap("172.30.0.20:80"), ap("10.0.1.1:8080"), ap("10.0.2.9:4000"))
+	binary.BigEndian.PutUint32(msg[len(msg)-4:], 0x1a8|ipsSeenReply)
+	if f, ok := parseFlow(msg); !ok || !f.Replied {
+		t.Errorf("a flow with IPS_SEEN_REPLY: parsed %v, Replied %v; want answered", ok, f.Replied)
 	}
 	if _, ok := parseFlow([]byte{1, 2}); ok {
 		t.Errorf("short message parsed")

@@ -11,11 +11,14 @@ package conntrack
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,8 +32,16 @@ func run(t *testing.T, args ...string) { t.Helper(); netnstest.MustRun(t, args[0
 
 func setup(t *testing.T) (client string) {
 	t.Helper()
+	client, _ = setupPods(t)
+	return client
+}
+
+// setupPods builds the topology above and returns the client's and pod-a's namespaces.
+func setupPods(t *testing.T) (client, podA string) {
+	t.Helper()
 	client = netnstest.NewNamed(t, "ctclient")
-	podA, podB := netnstest.NewNamed(t, "ctpoda"), netnstest.NewNamed(t, "ctpodb")
+	podA = netnstest.NewNamed(t, "ctpoda")
+	podB := netnstest.NewNamed(t, "ctpodb")
 	link := func(ns, hostIf, hostIP, nsIP string) {
 		run(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns)
 		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
@@ -62,7 +73,7 @@ func setup(t *testing.T) (client string) {
 		_ = exec.Command("iptables", "-t", "nat", "-X", "TEST-SVC").Run()
 		_ = exec.Command("iptables", "-F", "FORWARD").Run()
 	})
-	return client
+	return client, podA
 }
 
 func serveUDP(t *testing.T, ns, name string) {
@@ -178,4 +189,79 @@ func TestKernelStaleUDPEntriesFollowEndpoints(t *testing.T) {
 			t.Logf("conntrack table at the end:\n%s", strings.TrimSpace(string(out)))
 		})
 	}
+}
+
+// askTCPFrom connects from the client to addr from one fixed source port, as a client that
+// reuses its port does, and returns what the pod answered ("" for no answer in time).
+func askTCPFrom(t *testing.T, client string, srcPort int, addr string) string {
+	t.Helper()
+	var answer string
+	err := netnstest.In(client, func() error {
+		d := net.Dialer{Timeout: 1500 * time.Millisecond, LocalAddr: &net.TCPAddr{Port: srcPort},
+			Control: func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+				})
+				return errors.Join(err, serr)
+			}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return nil // no answer in time is an outcome the caller checks
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		b, _ := io.ReadAll(c)
+		answer = string(b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer
+}
+
+// A TCP SYN that reaches a ClusterIP before its rules exist leaves an entry that was never
+// DNATed: without the reconciler, the client's retransmissions and any new connection from
+// the same source port keep matching it for conntrack's SYN_SENT timeout (120 s) and go
+// nowhere, although the rules are now in place. The reconcile of the sync that programs the
+// new frontend deletes it; later changes of a known frontend walk no TCP entry, and an
+// answered connection is never touched.
+func TestKernelUnansweredTCPEntryGoesWithNewService(t *testing.T) {
+	client, podA := setupPods(t)
+	netnstest.ServeTCP(t, podA, ":8080", func(netip.Addr) string { return "web" })
+	const cip, srcPort, otherPort = "172.30.0.30", 41000, 41002
+	frontend := net.JoinHostPort(cip, "80")
+	web := udpService("ns", "web", cip, 0, model.Endpoint{IP: netip.MustParseAddr("10.1.1.2"), Port: 8080, Ready: true, Serving: true})
+	web.Name.Protocol, web.Name.Port, web.Port = model.TCP, "http", 80
+	st := state(web)
+	r := NewReconciler(model.IPv4)
+	ctx := context.Background()
+
+	// The Service exists in the API, but its rules are not written yet.
+	if got := askTCPFrom(t, client, srcPort, frontend); got != "" {
+		t.Fatalf("before any rule, the ClusterIP answered %q", got)
+	}
+	run(t, "iptables", "-t", "nat", "-A", "TEST-SVC", "-d", cip, "-p", "tcp", "--dport", "80",
+		"-j", "DNAT", "--to-destination", "10.1.1.2:8080")
+	if got := askTCPFrom(t, client, otherPort, frontend); got != "web" {
+		t.Fatalf("a fresh source port reached %q, want web: the rule does not work", got)
+	}
+	if got := askTCPFrom(t, client, srcPort, frontend); got != "" {
+		t.Fatalf("the source port of the early SYN reached %q before reconciling: the kernel no longer keeps the un-NATed entry, so this test shows nothing", got)
+	}
+	n, err := r.Reconcile(ctx, st, changedServices("ns/web"))
+	if err != nil || n < 1 {
+		t.Fatalf("Reconcile of the sync that programs the Service: deleted %d, err %v; want the early entry deleted", n, err)
+	}
+	if got := askTCPFrom(t, client, srcPort, frontend); got != "web" {
+		t.Fatalf("after reconciling, the early SYN's source port reached %q, want web", got)
+	}
+	// An endpoint change of the now known frontend deletes nothing, answered entries
+	// (TIME_WAIT of the connections above) included.
+	if n, err := r.Reconcile(ctx, st, changedServices("ns/web")); err != nil || n != 0 {
+		t.Errorf("second Reconcile: deleted %d, err %v; want nothing", n, err)
+	}
+	out, _ := exec.Command("conntrack", "-L", "-p", "tcp").CombinedOutput()
+	t.Logf("conntrack table at the end:\n%s", strings.TrimSpace(string(out)))
 }

@@ -26,7 +26,11 @@ const (
 
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
+	ctaStatus     = 3
 	ctaFilter     = 25
+
+	// ipsSeenReply is the status bit set once a packet went the reply way.
+	ipsSeenReply = 1 << 1
 
 	ctaTupleIP    = 1
 	ctaTupleProto = 2
@@ -134,6 +138,10 @@ func parseFlow(msg []byte) (Flow, bool) {
 			f.Orig, f.Protocol, okOrig = parseTuple(v)
 		case ctaTupleReply:
 			f.Reply, _, okReply = parseTuple(v)
+		case ctaStatus:
+			if len(v) >= 4 {
+				f.Replied = binary.BigEndian.Uint32(v)&ipsSeenReply != 0
+			}
 		}
 	})
 	return f, okOrig && okReply

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/sluiceproxy/sluice/pkg/hostnet"
@@ -24,6 +25,8 @@ type Tuple struct {
 type Flow struct {
 	Protocol    uint8
 	Orig, Reply Tuple
+	// Replied is set once a packet went the reply way (IPS_SEEN_REPLY).
+	Replied bool
 }
 
 // flowTable is the kernel's conntrack table. A seam for tests.
@@ -33,8 +36,10 @@ type flowTable interface {
 	Walk(ctx context.Context, family model.IPFamily, protocol uint8, visit func(*Flow) bool) (deleted int, err error)
 }
 
-// protocols the reconciler looks after. TCP is left alone: its endpoints reset or time
-// out, and deleting TCP entries would break connections that are draining on purpose.
+// protocols whose stale entries the plan looks after. TCP is left to its endpoints (they
+// reset or time out; deleting answered TCP entries would break connections that are
+// draining on purpose), except for connection attempts that beat a new frontend's rules
+// (unansweredTCP).
 var protocolNumbers = map[model.Protocol]uint8{model.UDP: unix.IPPROTO_UDP, model.SCTP: unix.IPPROTO_SCTP}
 
 // frontend is an address clients send a Service's traffic to.
@@ -128,14 +133,47 @@ func (p *plan) stale(f *Flow) bool {
 	return false
 }
 
-// Reconciler deletes the conntrack entries that would keep UDP or SCTP traffic of a
-// changed Service going where it should not: to an endpoint that no longer serves, or
-// nowhere (sent while the Service had none). It serves one IP family; it is backend-neutral
-// (its input is the model) and is meant to run after each successful sync.
+// frontendAddrs lists the addresses clients reach sp on (NodePorts aside).
+func frontendAddrs(sp *model.ServicePort) []netip.AddrPort {
+	port := uint16(sp.Port)
+	out := []netip.AddrPort{netip.AddrPortFrom(sp.ClusterIP, port)}
+	for _, ip := range sp.ExternalIPs {
+		out = append(out, netip.AddrPortFrom(ip, port))
+	}
+	for _, ip := range sp.LoadBalancerVIPs {
+		out = append(out, netip.AddrPortFrom(ip, port))
+	}
+	return out
+}
+
+// unansweredTCP reports whether f is a TCP connection attempt to one of frontends that was
+// never DNATed and never answered: its SYN came before the rules for that frontend
+// existed, so it was routed as it was, nowhere. Such an entry outlives the rules' arrival
+// (conntrack keeps SYN_SENT for 120 s), and every packet of its 4-tuple keeps matching it,
+// un-NATed: the client's SYN retransmissions, and a new connection that reuses the source
+// port. Deleting it lets the next SYN be a new connection that the rules now DNAT.
+// Nothing is lost: no packet of it was ever answered.
+func unansweredTCP(f *Flow, frontends map[netip.AddrPort]bool) bool {
+	dst := netip.AddrPortFrom(f.Orig.Dst.Addr().Unmap(), f.Orig.Dst.Port())
+	replySrc := netip.AddrPortFrom(f.Reply.Src.Addr().Unmap(), f.Reply.Src.Port())
+	return !f.Replied && replySrc == dst && frontends[dst]
+}
+
+// Reconciler deletes the conntrack entries that would keep traffic of a changed Service
+// going where it should not: for UDP and SCTP, to an endpoint that no longer serves, or
+// nowhere (sent while the Service had none); for TCP, only connection attempts that
+// reached a new frontend before its rules did (unansweredTCP), which upstream leaves to
+// hang until conntrack forgets them. It serves one IP family; it is backend-neutral (its
+// input is the model) and is meant to run after each successful sync.
 type Reconciler struct {
 	family     model.IPFamily
 	table      flowTable
 	localAddrs func() ([]netip.Addr, error)
+	// tcpFrontends are the TCP frontends of each Service as of the last reconcile. Only
+	// a frontend missing from it can have unanswered entries: walking the TCP table,
+	// which is usually the big one, is for syncs that program new frontends, not for
+	// every endpoint change.
+	tcpFrontends map[types.NamespacedName][]netip.AddrPort
 }
 
 // ReconcilerOption changes how NewReconciler builds a Reconciler.
@@ -157,9 +195,50 @@ func NewReconciler(family model.IPFamily, opts ...ReconcilerOption) *Reconciler 
 	return r
 }
 
+// newTCPFrontends returns the TCP frontends of the changed Services (all Services when
+// changes.Full) that the last reconcile did not know, and records the current ones.
+func (r *Reconciler) newTCPFrontends(desired *model.NodeState, changes model.Changes) map[netip.AddrPort]bool {
+	if r.tcpFrontends == nil {
+		r.tcpFrontends = map[types.NamespacedName][]netip.AddrPort{}
+	}
+	names := changes.Services
+	if changes.Full {
+		names = desired.ServiceNames()
+		for name := range r.tcpFrontends {
+			if !names.Has(name) {
+				delete(r.tcpFrontends, name)
+			}
+		}
+	}
+	fresh := map[netip.AddrPort]bool{}
+	for name := range names {
+		var current []netip.AddrPort
+		for _, sp := range desired.PortsOf(name) {
+			if sp.Name.Protocol == model.TCP {
+				current = append(current, frontendAddrs(sp)...)
+			}
+		}
+		known := map[netip.AddrPort]bool{}
+		for _, a := range r.tcpFrontends[name] {
+			known[a] = true
+		}
+		for _, a := range current {
+			if !known[a] {
+				fresh[a] = true
+			}
+		}
+		if len(current) == 0 {
+			delete(r.tcpFrontends, name)
+		} else {
+			r.tcpFrontends[name] = current
+		}
+	}
+	return fresh
+}
+
 // Reconcile deletes stale entries of the changed Services (all Services when
 // changes.Full) and returns how many it deleted. It does nothing, and reads nothing from
-// the kernel, when no changed Service has a UDP or SCTP port.
+// the kernel, when no changed Service has a UDP or SCTP port or a new TCP frontend.
 func (r *Reconciler) Reconcile(ctx context.Context, desired *model.NodeState, changes model.Changes) (int, error) {
 	start := time.Now()
 	logger := klog.FromContext(ctx)
@@ -170,12 +249,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, desired *model.NodeState, ch
 		local = addrs
 	}
 	p := newPlan(desired, changes, local)
-	if p.empty() {
+	freshTCP := r.newTCPFrontends(desired, changes)
+	if p.empty() && len(freshTCP) == 0 {
 		return 0, nil
 	}
 	fam := r.family.String()
 	total := 0
 	var firstErr error
+	if len(freshTCP) > 0 {
+		n, err := r.table.Walk(ctx, r.family, unix.IPPROTO_TCP, func(f *Flow) bool {
+			if !unansweredTCP(f, freshTCP) {
+				return false
+			}
+			logger.V(4).Info("Deleting an unanswered TCP conntrack entry that predates its Service's rules", "origSrc", f.Orig.Src, "origDst", f.Orig.Dst)
+			return true
+		})
+		total += n
+		if err != nil {
+			firstErr = fmt.Errorf("reconciling conntrack entries (protocol %d): %w", unix.IPPROTO_TCP, err)
+		}
+	}
 	for _, proto := range []uint8{unix.IPPROTO_UDP, unix.IPPROTO_SCTP} {
 		if !p.protocols[proto] {
 			continue
@@ -196,4 +289,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, desired *model.NodeState, ch
 	metrics.ReconcileConntrackFlowsDeletedEntriesTotal.WithLabelValues(fam).Add(float64(total))
 	logger.V(4).Info("Reconciled conntrack entries", "ipFamily", fam, "deleted", total, "elapsed", time.Since(start).Seconds())
 	return total, firstErr
+}
+
+// DeleteUnansweredTCP deletes, in this network namespace, the TCP entries to frontends
+// that were never DNATed and never answered (see unansweredTCP), and returns how many.
+// The Reconciler does this for the frontends a sync programs; it is exported for tests
+// that must clear such entries left by another proxy, which keeps them.
+func DeleteUnansweredTCP(ctx context.Context, family model.IPFamily, frontends []netip.AddrPort) (int, error) {
+	set := map[netip.AddrPort]bool{}
+	for _, f := range frontends {
+		set[netip.AddrPortFrom(f.Addr().Unmap(), f.Port())] = true
+	}
+	return netlinkTable{}.Walk(ctx, family, unix.IPPROTO_TCP, func(f *Flow) bool { return unansweredTCP(f, set) })
 }
