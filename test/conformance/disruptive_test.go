@@ -8,8 +8,10 @@ package conformance
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +20,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sluiceproxy/sluice/pkg/conntrack"
+	"github.com/sluiceproxy/sluice/pkg/model"
+	"github.com/sluiceproxy/sluice/test/conformance/results"
 	"github.com/sluiceproxy/sluice/test/echoserver/echo"
 )
 
@@ -144,9 +149,20 @@ type trafficWatch struct {
 
 // watchTraffic starts probing each target from c every 50ms in every cluster, until
 // finishWatches. Every probe must be answered by one of the pods.
+//
+// Upstream keeps the conntrack entries of connection attempts that reached a target before
+// its rules did (sluice deletes them when it programs the target: pkg/conntrack); a later
+// probe that happens to reuse such an attempt's source port would go nowhere, for up to
+// 120 s. That is the setup racing the proxy, not what a watch measures, so the entries are
+// cleared from upstream's nodes before its watches start; sluice's nodes are left alone.
 func (t *T) watchTraffic(c client, tgs []target, pods ...string) *byCluster[[]*trafficWatch] {
 	watches := &byCluster[[]*trafficWatch]{}
 	t.each(func(cl *cluster) error {
+		if cl.proxy == results.Upstream {
+			if err := clearUnansweredTCP(t.Context(), cl, tgs); err != nil {
+				return err
+			}
+		}
 		var ws []*trafficWatch
 		for _, tg := range tgs {
 			w := &trafficWatch{stop: make(chan struct{}), done: make(chan struct{})}
@@ -178,6 +194,32 @@ func (t *T) watchTraffic(c client, tgs []target, pods ...string) *byCluster[[]*t
 		return nil
 	})
 	return watches
+}
+
+// clearUnansweredTCP deletes, on every node of cl, the TCP conntrack entries to tgs that
+// were never DNATed and never answered.
+func clearUnansweredTCP(ctx context.Context, cl *cluster, tgs []target) error {
+	for _, fam := range []model.IPFamily{model.IPv4, model.IPv6} {
+		var frontends []netip.AddrPort
+		for _, tg := range tgs {
+			if tg.proto == echo.TCP && tg.addr.Addr().Is4() == (fam == model.IPv4) {
+				frontends = append(frontends, tg.addr)
+			}
+		}
+		if len(frontends) == 0 {
+			continue
+		}
+		for _, n := range cl.topo.Nodes {
+			err := n.Do(func() error {
+				_, err := conntrack.DeleteUnansweredTCP(ctx, fam, frontends)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("clearing unanswered TCP entries on %s: %w", n.Name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // finishWatches stops the watches and checks that no probe failed.
