@@ -107,9 +107,14 @@ counted "conformance" "$floor" -v -- go test -json -tags conformance -count=1 -t
 rc=${PIPESTATUS[0]}
 took=$(( $(date +%s) - start ))
 grep -E '^\s*--- (FAIL|SKIP): TestConformance/' "$out" | sed 's/^\s*/test-conformance: /' >&2
+# What each failing check saw, here at the end: the test's own log puts it before pages of
+# process logs, which a CI log's tail cuts off.
+grep -E '^\s*check_test\.go:[0-9]+: \[[^]]+\] .*, want ' "$out" | cut -c1-700 | sed 's/^\s*/test-conformance: failed check: /' >&2
 p=$(grep -cE '^\s*--- PASS: TestConformance/[^/ ]+/[^/ ]+ ' "$out")
 f=$(grep -cE '^\s*--- FAIL: TestConformance/[^/ ]+/[^/ ]+ ' "$out")
 s=$(grep -cE '^\s*--- SKIP: TestConformance/[^/ ]+/[^/ ]+ ' "$out")
+# Failed cases, counting those without family variants (the disruptive ones).
+fc=$(grep -cE '^\s*--- FAIL: TestConformance/[^/ ]+ ' "$out")
 rm -f "$out"
 
 check_rc=0
@@ -122,5 +127,5 @@ else
   check_rc=1
 fi
 
-log "summary: ${proxies_csv}: ${p} case runs passed, ${f} failed, ${s} skipped (every proxy in every one), ${took}s; results in ${results}"
+log "summary: ${proxies_csv}: ${p} case runs passed, ${f} failed, ${s} skipped (every proxy in every one); ${fc} case(s) failed; ${took}s; results in ${results}"
 [ "$rc" = 0 ] && [ "$check_rc" = 0 ]
