@@ -540,8 +540,11 @@ func (e *servicesEnv) testProblems(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Only sluice's own Events count: the apiserver's ClusterIP repair loop may report on any
+	// new Service ("ClusterIPNotAllocated … repairing", a race inside the apiserver under
+	// load, seen in CI).
 	for _, ev := range list.Items {
-		if ev.Regarding.Name == "good" {
+		if ev.Regarding.Name == "good" && ev.ReportingController == events.ReportingController {
 			t.Errorf("Event about the good Service: %s %s", ev.Reason, ev.Note)
 		}
 	}
