@@ -49,10 +49,11 @@ func TestGenWatch(t *testing.T) {
 // TestGenWatchPerNamespace: conns of one namespace share a watch; an unknown namespace
 // gets a private one.
 func TestGenWatchPerNamespace(t *testing.T) {
-	if genWatchFor(42) != genWatchFor(42) || genWatchFor(42) == genWatchFor(43) {
+	first, again, other := genWatchFor(42), genWatchFor(42), genWatchFor(43)
+	if first != again || first == other {
 		t.Fatal("watches are not one per namespace")
 	}
-	if genWatchFor(0) == genWatchFor(0) {
+	if a, b := genWatchFor(0), genWatchFor(0); a == b {
 		t.Fatal("an unknown namespace shares its watch")
 	}
 }
