@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +38,14 @@ type Backend struct {
 	// sync.Trusted(): a Service rejected for a missing object asks for a full sync and
 	// leaves the model trusted, so that the full read reports the missing object as drift.
 	trusted bool
+
+	// readForeign is the ruleset-generation watch's foreign count at the last full read
+	// the kernel took (readMarked: there is one). While the namespace's generation shows
+	// no commit but ours since, a periodic resync has nothing to read (generation.go).
+	readForeign uint64
+	readMarked  bool
+	// readAddrs are the node addresses the last full sync planned @nodeport-ips with.
+	readAddrs []netip.Addr
 
 	deleteChainsNow bool
 	localAddrs      func() ([]netip.Addr, error)
@@ -172,8 +181,11 @@ func (b *Backend) mark() uint32 { return 1 << uint(b.cfg.MasqueradeBit) }
 
 // ApplyStats describes the last Apply, for tests, benchmarks and `sluice status`.
 type ApplyStats struct {
-	Full       bool
-	Reason     string // why the sync was full (fullsync.Reason*); "" for a partial one
+	Full   bool
+	Reason string // why the sync was full (fullsync.Reason*); "" for a partial one
+	// Verified: a periodic full resync that found the ruleset generation unchanged
+	// since the last full read, and so read nothing and planned only the changes.
+	Verified   bool
 	Replaced   bool
 	Operations int // planned operations (an element counts as one)
 	Groups     int
@@ -204,15 +216,24 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		// full sync plans.
 		reason = reasonPacketCounters
 	}
+	verified := reason == fullsync.ReasonPeriodic && b.unchangedSinceRead(cfg)
+	if verified {
+		// Nothing to repair, so nothing to read: the resync is the partial sync of what
+		// changed, and counts as the periodic full one.
+		reason = ""
+	}
 	full := reason != ""
 	before := b.c.stats
-	b.stats = ApplyStats{Full: full, Reason: reason}
+	b.stats = ApplyStats{Full: full, Reason: reason, Verified: verified}
 
 	if b.fault != nil {
 		b.app.fault = func(name types.NamespacedName) faultKind { return b.fault(name, desired.PortsOf(name)) }
 	}
 	in := b.planInput(cfg, desired, changes, full, start)
+	var readForeign uint64
+	readMarked := false
 	if full {
+		readForeign, readMarked = b.c.readMark()
 		if err := b.readForFull(in); err != nil {
 			metrics.NFTablesSyncFailuresTotal.WithLabelValues(b.cfg.Family.String()).Inc()
 			b.sync.Failed()
@@ -235,18 +256,41 @@ func (b *Backend) Apply(ctx context.Context, desired *model.NodeState, changes m
 		}
 	}
 
-	out := b.settle(p, res, full, start)
+	out := b.settle(p, res, full || verified, start)
 	if full {
 		b.countingPackets = cfg.countPackets
+		b.readForeign, b.readMarked, b.readAddrs = readForeign, readMarked && out.Err == nil, in.localAddrs
 	}
+	out.Full = full || verified
 	b.counters.Update(desired, changes, full, countedChains)
 	if out.Err == nil && b.sync.LeftoversDue() {
 		leftovers.RemoveOtherModes(ctx, b.logger, dataplane.ModeNFTables, b.cfg.Family, nil)
 	}
-	b.logger.V(2).Info("Synced nftables", "full", full, "reason", reason, "replaced", p.replace, "services", len(desired.Services),
+	b.logger.V(2).Info("Synced nftables", "full", full, "reason", reason, "verifiedUnchanged", verified, "replaced", p.replace, "services", len(desired.Services),
 		"operations", b.stats.Operations, "batches", b.stats.Batches, "messages", b.stats.Messages,
 		"failed", len(out.Failed), "elapsed", b.now().Sub(start).Seconds())
 	return out
+}
+
+// unchangedSinceRead reports whether a periodic resync can skip reading the table: the
+// model is what the backend wrote, no one else has committed to nf_tables in this
+// network namespace since the last full read (generation.go), and nothing a full sync
+// alone plans has moved (the node's addresses behind @nodeport-ips; stale chains
+// waiting for their delay on kernels before 6.2).
+func (b *Backend) unchangedSinceRead(cfg *layoutConfig) bool {
+	if b.state == nil || !b.trusted || !b.readMarked || !b.sync.Trusted() {
+		return false
+	}
+	if !b.deleteChainsNow && len(b.state.staleChains) > 0 {
+		return false
+	}
+	if !cfg.nodePortMatchAll {
+		addrs, err := b.localAddrs()
+		if err != nil || !slices.Equal(addrs, b.readAddrs) {
+			return false
+		}
+	}
+	return b.c.unchangedSince(b.readForeign)
 }
 
 // planInput gathers what the planner needs besides the kernel's state.

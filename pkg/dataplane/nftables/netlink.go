@@ -42,6 +42,9 @@ type conn struct {
 	// recvBuf is reused by every exchange (under mu): a full resync dumps hundreds of
 	// sets and rules, and a fresh buffer for each was most of a resync's garbage.
 	recvBuf []byte
+	// gens is the ruleset-generation watch of the socket's network namespace, shared
+	// with the other conns opened there (generation.go).
+	gens *genWatch
 }
 
 // recvBuffer returns the connection's receive buffer; messages read into it must be
@@ -116,7 +119,7 @@ func openConn() (*conn, error) {
 	// and extended acks explain what the kernel did not like.
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
 	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
-	c := &conn{fd: fd, seq: uint32(os.Getpid()) << 16}
+	c := &conn{fd: fd, seq: uint32(os.Getpid()) << 16, gens: genWatchFor(currentNetns())}
 	// Dumps of a large table arrive faster than we read them.
 	c.growRcvbuf(8 << 20)
 	return c, nil
@@ -270,6 +273,9 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 	// Room for an error per message (header-only errors, ~1 KiB of socket accounting each).
 	c.growRcvbuf(min(count*1024+(1<<20), 256<<20))
 
+	// The generations around the commit tell the periodic resync whether someone else
+	// committed since (generation.go); without them the watch only loses its trust.
+	genBefore, genErr := c.generationLocked()
 	n, err := unix.SendmsgBuffers(c.fd, [][]byte{begin, msgs, end}, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
 	if err == nil && n != size {
 		err = fmt.Errorf("sent %d bytes", n)
@@ -296,8 +302,10 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 		}
 		if err != nil {
 			if err == unix.ENOBUFS {
+				c.gens.doubt()
 				return nil, errBatchLost
 			}
+			c.gens.doubt()
 			return nil, fmt.Errorf("read batch answers: %w", err)
 		}
 		for _, m := range splitMessages(rbuf[:n]) {
@@ -325,13 +333,26 @@ func (c *conn) sendBatch(msgs []byte, count int) ([]batchError, error) {
 			}
 		}
 	}
+	lost := !acked && count > 0
+	c.noteCommit(genBefore, genErr, count > 0 && len(errs) == 0 && !lost, lost)
 	if len(errs) > 0 {
 		return errs, nil
 	}
-	if !acked && count > 0 {
+	if lost {
 		return nil, errBatchLost
 	}
 	return nil, nil
+}
+
+// noteCommit tells the generation watch about a batch just sent (c.mu held): taken by
+// the kernel, rejected, or lost (its outcome unknown).
+func (c *conn) noteCommit(before uint32, beforeErr error, taken, lost bool) {
+	after, err := c.generationLocked()
+	if beforeErr != nil || err != nil || lost {
+		c.gens.doubt()
+		return
+	}
+	c.gens.committed(before, after, taken)
 }
 
 // batchDelimiter returns a BATCH_BEGIN or BATCH_END message of nf_tables' subsystem,
@@ -463,6 +484,11 @@ func (c *conn) dump(msgType uint16, family byte, attrs func(b *msgBuilder), fn f
 func (c *conn) request(msgType uint16, family byte, attrs func(b *msgBuilder)) (*nlMsg, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.requestLocked(msgType, family, attrs)
+}
+
+// requestLocked is request with c.mu held.
+func (c *conn) requestLocked(msgType uint16, family byte, attrs func(b *msgBuilder)) (*nlMsg, error) {
 	seq, err := c.sendGetLocked(msgType, unix.NLM_F_ACK, family, attrs)
 	if err != nil {
 		return nil, fmt.Errorf("send request: %w", err)
