@@ -238,18 +238,23 @@ func (m *mobyIPVS) SetTimeouts(tcp, tcpFin, udp time.Duration) error {
 	return m.h.SetConfig(&mobyipvs.Config{TimeoutTCP: tcp, TimeoutTCPFin: tcpFin, TimeoutUDP: udp})
 }
 
+// openNetlink opens a handle of the one netlink protocol proto (what names it in the
+// error) for a seam holding just the handle: without a protocol list netlink also opens
+// XFRM and netfilter sockets, which fails on kernels without xfrm_user loaded.
+func openNetlink[T ~struct{ h *netlink.Handle }](proto int, what string) (*T, error) {
+	h, err := netlink.NewHandle(proto)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", what, err)
+	}
+	return &T{h: h}, nil
+}
+
 // --- links and addresses through rtnetlink --------------------------------------------------
 
 type netlinkLinks struct{ h *netlink.Handle }
 
-// newNetlinkLinks opens an rtnetlink-only handle: without a protocol list netlink also opens
-// XFRM and netfilter sockets, which fails on kernels without xfrm_user loaded.
 func newNetlinkLinks() (*netlinkLinks, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("open rtnetlink: %w", err)
-	}
-	return &netlinkLinks{h: h}, nil
+	return openNetlink[netlinkLinks](unix.NETLINK_ROUTE, "rtnetlink")
 }
 
 func (n *netlinkLinks) close() { n.h.Close() }
@@ -356,11 +361,7 @@ func (n *netlinkLinks) Addrs() ([]linkAddr, error) {
 type netlinkIPSets struct{ h *netlink.Handle }
 
 func newNetlinkIPSets() (*netlinkIPSets, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
-	if err != nil {
-		return nil, fmt.Errorf("open netfilter netlink: %w", err)
-	}
-	return &netlinkIPSets{h: h}, nil
+	return openNetlink[netlinkIPSets](unix.NETLINK_NETFILTER, "netfilter netlink")
 }
 
 func (n *netlinkIPSets) close() { n.h.Close() }
