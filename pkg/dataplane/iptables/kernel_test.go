@@ -167,20 +167,16 @@ func expectOneOf(t *testing.T, what, ns, network, addr string, want ...string) s
 	return got
 }
 
-func kernelConfig() dataplane.Config {
-	cfg := testConfig(model.IPv4)
-	return cfg
-}
-
 var kNode = model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr(kNodeIP)}}
 
 func (w *world) kstate() *model.NodeState {
 	return model.Compute(w.services, w.slices, kNode, nil, model.Options{Families: []model.IPFamily{model.IPv4}})[model.IPv4]
 }
 
-func newKernelBackend(t *testing.T, flavour Flavour, opts ...Option) *Backend {
+// newKernelBackend is a flavour backend of testConfig(IPv4) on this process's namespace.
+func newKernelBackend(t testing.TB, flavour Flavour, opts ...Option) *Backend {
 	t.Helper()
-	b, err := New(context.Background(), kernelConfig(), append([]Option{WithFlavour(flavour)}, opts...)...)
+	b, err := New(context.Background(), testConfig(model.IPv4), append([]Option{WithFlavour(flavour)}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -508,10 +504,7 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	run(t, "iptables-legacy", "-t", "nat", "-A", "SLUICE-NEWC-LEGACYLEFTOVER1", "-m", "comment", "--comment", "ns/x:p traffic counter")
 	run(t, "iptables-legacy", "-t", "nat", "-A", "KUBE-SVC-LEGACYLEFTOVER1", "-j", "SLUICE-NEWC-LEGACYLEFTOVER1")
 
-	b, err := New(context.Background(), kernelConfig(), WithFlavour(FlavourNFT))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newKernelBackend(t, FlavourNFT)
 	if out := run(t, "nft", "list", "tables"); !strings.Contains(out, "kube-proxy") {
 		t.Fatalf("the nftables table went before sluice's rules were in place")
 	}
