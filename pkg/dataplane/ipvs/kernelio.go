@@ -443,23 +443,22 @@ func toNetlinkEntry(t ipsetType, e setEntry) *netlink.IPSetEntry {
 }
 
 func (n *netlinkIPSets) Add(name string, t ipsetType, e setEntry) error {
-	var err error
-	if t == typeBitmapPort {
-		err = bitmapPortAddDel(nl.IPSET_CMD_ADD, name, e.Port)
-	} else {
-		err = n.h.IpsetAdd(name, toNetlinkEntry(t, e))
-	}
+	err := entryOp(nl.IPSET_CMD_ADD, n.h.IpsetAdd, name, t, e)
 	return classify(err, []error{nl.IPSetError(nl.IPSET_ERR_EXIST)}, ipsetNotExist)
 }
 
 func (n *netlinkIPSets) Del(name string, t ipsetType, e setEntry) error {
-	var err error
-	if t == typeBitmapPort {
-		err = bitmapPortAddDel(nl.IPSET_CMD_DEL, name, e.Port)
-	} else {
-		err = n.h.IpsetDel(name, toNetlinkEntry(t, e))
-	}
+	err := entryOp(nl.IPSET_CMD_DEL, n.h.IpsetDel, name, t, e)
 	return classify(err, nil, []error{nl.IPSetError(nl.IPSET_ERR_EXIST), unix.ENOENT})
+}
+
+// entryOp adds or deletes (cmd, and op, the netlink handle's method doing it) one entry
+// of a set of type t: through op, but for a bitmap:port set (see bitmapPortAddDel).
+func entryOp(cmd int, op func(string, *netlink.IPSetEntry) error, name string, t ipsetType, e setEntry) error {
+	if t == typeBitmapPort {
+		return bitmapPortAddDel(cmd, name, e.Port)
+	}
+	return op(name, toNetlinkEntry(t, e))
 }
 
 // bitmapPortAddDel adds or deletes one port of a bitmap:port set. vishvananda/netlink sends
