@@ -42,18 +42,9 @@ func setupPods(t *testing.T) (client, podA string) {
 	client = netnstest.NewNamed(t, "ctclient")
 	podA = netnstest.NewNamed(t, "ctpoda")
 	podB := netnstest.NewNamed(t, "ctpodb")
-	link := func(ns, hostIf, hostIP, nsIP string) {
-		run(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-		run(t, "ip", "addr", "add", hostIP+"/24", "dev", hostIf)
-		run(t, "ip", "link", "set", hostIf, "up")
-		run(t, "ip", "-n", ns, "addr", "add", nsIP+"/24", "dev", "eth0")
-		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
-		run(t, "ip", "-n", ns, "route", "add", "default", "via", hostIP)
-	}
-	link(client, "ctc", "192.168.200.1", "192.168.200.2")
-	link(podA, "cta", "10.1.1.1", "10.1.1.2")
-	link(podB, "ctb", "10.1.2.1", "10.1.2.2")
+	netnstest.Veth(t, client, "ctc", "192.168.200.1/24", "192.168.200.2/24")
+	netnstest.Veth(t, podA, "cta", "10.1.1.1/24", "10.1.1.2/24")
+	netnstest.Veth(t, podB, "ctb", "10.1.2.1/24", "10.1.2.2/24")
 	run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	// The Service range leads somewhere (back to the client, which drops it): a datagram
 	// sent while the Service has no DNAT rule then leaves a conntrack entry.

@@ -119,17 +119,23 @@ func (s svc) objects() (*v1.Service, *discoveryv1.EndpointSlice) {
 			Zone:       ptr.To("zone-" + e.node[len(e.node)-1:]),
 		}
 		if len(e.zoneHints) > 0 || len(e.nodeHints) > 0 {
-			d.Hints = &discoveryv1.EndpointHints{}
-			for _, z := range e.zoneHints {
-				d.Hints.ForZones = append(d.Hints.ForZones, discoveryv1.ForZone{Name: z})
-			}
-			for _, n := range e.nodeHints {
-				d.Hints.ForNodes = append(d.Hints.ForNodes, discoveryv1.ForNode{Name: n})
-			}
+			d.Hints = hints(e.zoneHints, e.nodeHints)
 		}
 		slice.Endpoints = append(slice.Endpoints, d)
 	}
 	return service, slice
+}
+
+// hints are an endpoint's hints for the zones and nodes.
+func hints(zones, nodes []string) *discoveryv1.EndpointHints {
+	h := &discoveryv1.EndpointHints{}
+	for _, z := range zones {
+		h.ForZones = append(h.ForZones, discoveryv1.ForZone{Name: z})
+	}
+	for _, n := range nodes {
+		h.ForNodes = append(h.ForNodes, discoveryv1.ForNode{Name: n})
+	}
+	return h
 }
 
 // stateOf computes node-a's IPv4 state view for the Services, as the daemon would.

@@ -238,17 +238,14 @@ func randomService(rng *rand.Rand, i int) (*v1.Service, []*discoveryv1.EndpointS
 				d.Zone = ptr.To("zone-" + node[len(node)-1:])
 			}
 			if hintMode > 0 && rng.IntN(6) > 0 {
-				d.Hints = &discoveryv1.EndpointHints{}
+				var zones, nodes []string
 				if hintMode&1 != 0 {
-					for _, z := range subset("zone-a", "zone-b") {
-						d.Hints.ForZones = append(d.Hints.ForZones, discoveryv1.ForZone{Name: z})
-					}
+					zones = subset("zone-a", "zone-b")
 				}
 				if hintMode&2 != 0 {
-					for _, n := range subset("node-a", "node-b") {
-						d.Hints.ForNodes = append(d.Hints.ForNodes, discoveryv1.ForNode{Name: n})
-					}
+					nodes = subset("node-a", "node-b")
 				}
+				d.Hints = hints(zones, nodes)
 			}
 			slice.Endpoints = append(slice.Endpoints, d)
 		}

@@ -51,8 +51,8 @@ func TestComputeServiceFields(t *testing.T) {
 		return func(s *v1.Service) { s.Annotations = map[string]string{k: v} }
 	}
 
-	// The checks several rows share: nothing at all; one port with this ClusterIP and no
-	// problem; no port and a problem naming field with msg.
+	// The checks several rows share: nothing at all; one port with this ClusterIP (or
+	// session affinity timeout) and no problem; no port and a problem naming field with msg.
 	yieldsNothing := func(t *testing.T, ports []*ServicePort, problems []Problem) {
 		t.Helper()
 		if len(ports) != 0 || len(problems) != 0 {
@@ -64,6 +64,15 @@ func TestComputeServiceFields(t *testing.T) {
 			t.Helper()
 			if sp := onePort(t, ports); sp.ClusterIP.String() != ip {
 				t.Errorf("ClusterIP %v, want %s", sp.ClusterIP, ip)
+			}
+			wantNoProblems(t, problems)
+		}
+	}
+	yieldsAffinityTimeout := func(seconds int32) func(*testing.T, []*ServicePort, []Problem) {
+		return func(t *testing.T, ports []*ServicePort, problems []Problem) {
+			t.Helper()
+			if sp := onePort(t, ports); sp.AffinityTimeoutSeconds != seconds {
+				t.Errorf("timeout %d, want %d", sp.AffinityTimeoutSeconds, seconds)
 			}
 			wantNoProblems(t, problems)
 		}
@@ -407,21 +416,12 @@ func TestComputeServiceFields(t *testing.T) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
 			}),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.AffinityTimeoutSeconds != 60 {
-					t.Errorf("timeout %d", sp.AffinityTimeoutSeconds)
-				}
-			},
+			check: yieldsAffinityTimeout(60),
 		},
 		{
-			name: "session affinity ClientIP without config uses the API default",
-			svc:  makeService("a", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.AffinityTimeoutSeconds != 10800 {
-					t.Errorf("timeout %d", sp.AffinityTimeoutSeconds)
-				}
-				wantNoProblems(t, problems)
-			},
+			name:  "session affinity ClientIP without config uses the API default",
+			svc:   makeService("a", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
+			check: yieldsAffinityTimeout(10800),
 		},
 		{
 			name: "session affinity timeout out of range uses the default with a problem",
@@ -442,11 +442,7 @@ func TestComputeServiceFields(t *testing.T) {
 				s.Spec.SessionAffinity = v1.ServiceAffinityNone
 				s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To[int32](60)}}
 			}),
-			check: func(t *testing.T, ports []*ServicePort, problems []Problem) {
-				if sp := onePort(t, ports); sp.AffinityTimeoutSeconds != 0 {
-					t.Errorf("timeout %d", sp.AffinityTimeoutSeconds)
-				}
-			},
+			check: yieldsAffinityTimeout(0),
 		},
 		{
 			name: "eTP Local on NodePort service is ExternalPolicyLocal",

@@ -28,16 +28,14 @@ import (
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
-func childCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+// childCPU is the CPU time (user and system) the programs this process ran and waited for
+// have used; selfCPU is this process's own.
+func childCPU() time.Duration { return rusageCPU(syscall.RUSAGE_CHILDREN) }
+func selfCPU() time.Duration  { return rusageCPU(syscall.RUSAGE_SELF) }
 
-// selfCPU is the CPU time this process has used (user and system).
-func selfCPU() time.Duration {
+func rusageCPU(who int) time.Duration {
 	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	_ = syscall.Getrusage(who, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
@@ -66,12 +64,10 @@ func countRules(b *testing.B, f Flavour) (rules, chains int) {
 	return rules, chains
 }
 
+// benchBackend is a kernel backend whose first sync does not look for other modes'
+// leftovers.
 func benchBackend(b *testing.B, f Flavour) *Backend {
-	be, err := New(context.Background(), testConfig(model.IPv4), WithFlavour(f), WithoutLeftoverCleanup())
-	if err != nil {
-		b.Fatal(err)
-	}
-	return be
+	return newKernelBackend(b, f, WithoutLeftoverCleanup())
 }
 
 // syncedBenchBackend stops the timer, empties the tables, and returns a new backend that

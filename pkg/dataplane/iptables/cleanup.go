@@ -22,26 +22,18 @@ func Cleanup(ctx context.Context, family model.IPFamily) error {
 
 func cleanup(ctx context.Context, family model.IPFamily, cmd xtables.Commander, probe xtables.Probe) error {
 	logger := klog.FromContext(ctx)
-	installed, err := xtables.Installed(ctx, cmd, family)
-	if err != nil {
-		installed = ""
-	}
 	var errs []error
-	for _, f := range []Flavour{FlavourLegacy, FlavourNFT} {
-		t := xtables.NewTools(cmd, family, f, installed)
-		if !t.Available() || !probe.InUse(t) {
-			continue
-		}
+	for _, t := range xtables.ToolsInUse(ctx, cmd, probe, family) {
 		if has, err := xtables.HasChains(ctx, probe, t, xtables.KubeProxyChain); err == nil && !has {
 			continue
 		}
 		n, err := xtables.RemoveChains(ctx, t, xtables.KubeProxyChain, xtables.RemoveChainsPerRestore)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("removing %s rules (%s): %w", family, f, err))
+			errs = append(errs, fmt.Errorf("removing %s rules (%s): %w", family, t.Flavour, err))
 			continue
 		}
 		if n > 0 {
-			logger.Info("Removed iptables chains", "ipFamily", family, "flavour", f, "chains", n)
+			logger.Info("Removed iptables chains", "ipFamily", family, "flavour", t.Flavour, "chains", n)
 		}
 	}
 	return errors.Join(errs...)

@@ -71,18 +71,9 @@ func newTopology(t testing.TB) *kTopology {
 	wipeIPTables(t)
 	t.Cleanup(func() { wipeIPTables(t) })
 	top := &kTopology{client: netnstest.NewNamed(t, "client"), podA: netnstest.NewNamed(t, "poda"), podB: netnstest.NewNamed(t, "podb")}
-	link := func(ns, hostIf, hostIP, nsIP, prefix string) {
-		run(t, "ip", "link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		run(t, "ip", "addr", "add", hostIP+"/"+prefix, "dev", hostIf)
-		run(t, "ip", "link", "set", hostIf, "up")
-		run(t, "ip", "-n", ns, "addr", "add", nsIP+"/"+prefix, "dev", "eth0")
-		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
-		run(t, "ip", "-n", ns, "route", "add", "default", "via", hostIP)
-		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", hostIf).Run() })
-	}
-	link(top.client, "vc", kNodeIP, kClientIP, "24")
-	link(top.podA, "va", "10.180.1.1", kPodA, "24")
-	link(top.podB, "vb", "10.180.2.1", kPodB, "24")
+	netnstest.Veth(t, top.client, "vc", kNodeIP+"/24", kClientIP+"/24")
+	netnstest.Veth(t, top.podA, "va", "10.180.1.1/24", kPodA+"/24")
+	netnstest.Veth(t, top.podB, "vb", "10.180.2.1/24", kPodB+"/24")
 	run(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	// REJECT answers with ICMP, which the kernel rate-limits per peer; a new peer's first
 	// message is suppressed on this kernel, which turns a refusal into a 1 s retransmit.
@@ -176,20 +167,16 @@ func expectOneOf(t *testing.T, what, ns, network, addr string, want ...string) s
 	return got
 }
 
-func kernelConfig() dataplane.Config {
-	cfg := testConfig(model.IPv4)
-	return cfg
-}
-
 var kNode = model.NodeInfo{Name: fixture.NodeName, IPs: []netip.Addr{netip.MustParseAddr(kNodeIP)}}
 
 func (w *world) kstate() *model.NodeState {
 	return model.Compute(w.services, w.slices, kNode, nil, model.Options{Families: []model.IPFamily{model.IPv4}})[model.IPv4]
 }
 
-func newKernelBackend(t *testing.T, flavour Flavour, opts ...Option) *Backend {
+// newKernelBackend is a flavour backend of testConfig(IPv4) on this process's namespace.
+func newKernelBackend(t testing.TB, flavour Flavour, opts ...Option) *Backend {
 	t.Helper()
-	b, err := New(context.Background(), kernelConfig(), append([]Option{WithFlavour(flavour)}, opts...)...)
+	b, err := New(context.Background(), testConfig(model.IPv4), append([]Option{WithFlavour(flavour)}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -405,13 +392,7 @@ func ipv6Pod(t *testing.T) string {
 	wipeIPTables(t)
 	t.Cleanup(func() { wipeIPTables(t) })
 	pod := netnstest.NewNamed(t, "pod6")
-	run(t, "ip", "link", "add", "v6", "type", "veth", "peer", "name", "eth0", "netns", pod)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "v6").Run() })
-	run(t, "ip", "addr", "add", "fd00:10::1/64", "dev", "v6", "nodad")
-	run(t, "ip", "link", "set", "v6", "up")
-	run(t, "ip", "-n", pod, "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad")
-	run(t, "ip", "-n", pod, "link", "set", "eth0", "up")
-	run(t, "ip", "-n", pod, "route", "add", "default", "via", "fd00:10::1")
+	netnstest.Veth(t, pod, "v6", "fd00:10::1/64", "fd00:10::2/64")
 	run(t, "ip", "-6", "route", "replace", "fd00:172:30::/112", "dev", "v6")
 	run(t, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
 	serve(t, pod, "pod6", 80)
@@ -523,10 +504,7 @@ func TestKernelRemovesOtherModesLeftovers(t *testing.T) {
 	run(t, "iptables-legacy", "-t", "nat", "-A", "SLUICE-NEWC-LEGACYLEFTOVER1", "-m", "comment", "--comment", "ns/x:p traffic counter")
 	run(t, "iptables-legacy", "-t", "nat", "-A", "KUBE-SVC-LEGACYLEFTOVER1", "-j", "SLUICE-NEWC-LEGACYLEFTOVER1")
 
-	b, err := New(context.Background(), kernelConfig(), WithFlavour(FlavourNFT))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newKernelBackend(t, FlavourNFT)
 	if out := run(t, "nft", "list", "tables"); !strings.Contains(out, "kube-proxy") {
 		t.Fatalf("the nftables table went before sluice's rules were in place")
 	}

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluiceproxy/sluice/pkg/dataplane"
+	"github.com/sluiceproxy/sluice/pkg/dataplane/internal/xtables"
 	"github.com/sluiceproxy/sluice/pkg/model"
 )
 
@@ -69,7 +70,7 @@ func newRenderConfig(cfg dataplane.Config, node model.NodeInfo, localAddrs []net
 		tcpLiberal:         tcpLiberal,
 		nfacct:             nfacct,
 	}
-	rc.ifLocal, rc.ifNotLocal = detectorArgs(cfg.LocalDetector)
+	rc.ifLocal, rc.ifNotLocal = xtables.LocalMatches(cfg.LocalDetector)
 	if ips := node.IPsOf(cfg.Family); len(ips) > 0 {
 		rc.nodeIP = ips[0]
 	}
@@ -106,24 +107,6 @@ func localhostNodePortsActive(cfg dataplane.Config) bool {
 		}
 	}
 	return false
-}
-
-// detectorArgs returns the matches for "from a local pod" and "not from a local pod".
-// Upstream's CIDR detectors take one CIDR per family; with several, the first is used.
-func detectorArgs(d dataplane.LocalDetector) (ifLocal, ifNotLocal []string) {
-	if d.IsNoOp() {
-		return nil, nil
-	}
-	switch d.Mode {
-	case dataplane.DetectLocalClusterCIDR, dataplane.DetectLocalNodeCIDR:
-		c := d.CIDRs[0].String()
-		return []string{"-s", c}, []string{"!", "-s", c}
-	case dataplane.DetectLocalBridgeInterface:
-		return []string{"-i", d.Interface}, []string{"!", "-i", d.Interface}
-	case dataplane.DetectLocalInterfaceNamePrefix:
-		return []string{"-i", d.Interface + "+"}, []string{"!", "-i", d.Interface + "+"}
-	}
-	return nil, nil
 }
 
 // topRule is one rule of a Service in one of the shared top-level chains (KUBE-SERVICES,

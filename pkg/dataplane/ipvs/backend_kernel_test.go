@@ -92,25 +92,12 @@ func newTopology(t *testing.T, pods int) *topology {
 	n := topoCount.Add(1)
 	tp := &topology{client: netnstest.NewNamed(t, "client")}
 	clientLink := fmt.Sprintf("vc%d", n)
-	var podLinks []string
-	run(t, "ip", "link", "add", clientLink, "type", "veth", "peer", "name", "eth0", "netns", tp.client)
-	run(t, "ip", "addr", "add", kNodeIP.String()+"/24", "dev", clientLink)
-	run(t, "ip", "link", "set", clientLink, "up")
-	run(t, "ip", "-n", tp.client, "addr", "add", kClient.String()+"/24", "dev", "eth0")
-	run(t, "ip", "-n", tp.client, "addr", "add", kClient2.String()+"/24", "dev", "eth0")
-	run(t, "ip", "-n", tp.client, "link", "set", "eth0", "up")
-	run(t, "ip", "-n", tp.client, "route", "add", "default", "via", kNodeIP.String())
+	netnstest.Veth(t, tp.client, clientLink, kNodeIP.String()+"/24", kClient.String()+"/24", kClient2.String()+"/24")
 	for i := 1; i <= pods; i++ {
 		ns := netnstest.NewNamed(t, fmt.Sprintf("pod%d", i))
 		link := fmt.Sprintf("vp%d_%d", n, i)
-		podLinks = append(podLinks, link)
 		podIP := netip.MustParseAddr(fmt.Sprintf("10.180.%d.2", i))
-		run(t, "ip", "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		run(t, "ip", "addr", "add", fmt.Sprintf("10.180.%d.1/24", i), "dev", link)
-		run(t, "ip", "link", "set", link, "up")
-		run(t, "ip", "-n", ns, "addr", "add", podIP.String()+"/24", "dev", "eth0")
-		run(t, "ip", "-n", ns, "link", "set", "eth0", "up")
-		run(t, "ip", "-n", ns, "route", "add", "default", "via", fmt.Sprintf("10.180.%d.1", i))
+		netnstest.Veth(t, ns, link, fmt.Sprintf("10.180.%d.1/24", i), podIP.String()+"/24")
 		tp.pods = append(tp.pods, ns)
 		tp.podIPs = append(tp.podIPs, podIP)
 		servePod(t, ns, fmt.Sprintf("pod%d", i))
@@ -121,9 +108,6 @@ func newTopology(t *testing.T, pods int) *topology {
 			if err := Cleanup(ctx, f); err != nil {
 				t.Errorf("Cleanup %s: %v", f, err)
 			}
-		}
-		for _, l := range append(podLinks, clientLink) {
-			_ = exec.Command("ip", "link", "del", l).Run()
 		}
 		_ = exec.Command("conntrack", "-F").Run()
 	})

@@ -162,16 +162,9 @@ func deleteVirtualServers(d cleanupDeps, family model.IPFamily) (int, error) {
 // installedRunners returns a runner for each installed iptables flavour whose tables exist
 // in this network namespace.
 func installedRunners(ctx context.Context, family model.IPFamily) []xtables.Runner {
-	installed, err := xtables.Installed(ctx, xtables.Exec{}, family)
-	if err != nil {
-		installed = ""
-	}
 	var out []xtables.Runner
-	for _, f := range []Flavour{FlavourLegacy, FlavourNFT} {
-		t := xtables.NewTools(xtables.Exec{}, family, f, installed)
-		if t.Available() && (xtables.SystemProbe{}).InUse(t) {
-			out = append(out, t)
-		}
+	for _, t := range xtables.ToolsInUse(ctx, xtables.Exec{}, xtables.SystemProbe{}, family) {
+		out = append(out, t)
 	}
 	return out
 }

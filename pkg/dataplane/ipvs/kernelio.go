@@ -238,18 +238,23 @@ func (m *mobyIPVS) SetTimeouts(tcp, tcpFin, udp time.Duration) error {
 	return m.h.SetConfig(&mobyipvs.Config{TimeoutTCP: tcp, TimeoutTCPFin: tcpFin, TimeoutUDP: udp})
 }
 
+// openNetlink opens a handle of the one netlink protocol proto (what names it in the
+// error) for a seam holding just the handle: without a protocol list netlink also opens
+// XFRM and netfilter sockets, which fails on kernels without xfrm_user loaded.
+func openNetlink[T ~struct{ h *netlink.Handle }](proto int, what string) (*T, error) {
+	h, err := netlink.NewHandle(proto)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", what, err)
+	}
+	return &T{h: h}, nil
+}
+
 // --- links and addresses through rtnetlink --------------------------------------------------
 
 type netlinkLinks struct{ h *netlink.Handle }
 
-// newNetlinkLinks opens an rtnetlink-only handle: without a protocol list netlink also opens
-// XFRM and netfilter sockets, which fails on kernels without xfrm_user loaded.
 func newNetlinkLinks() (*netlinkLinks, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("open rtnetlink: %w", err)
-	}
-	return &netlinkLinks{h: h}, nil
+	return openNetlink[netlinkLinks](unix.NETLINK_ROUTE, "rtnetlink")
 }
 
 func (n *netlinkLinks) close() { n.h.Close() }
@@ -356,11 +361,7 @@ func (n *netlinkLinks) Addrs() ([]linkAddr, error) {
 type netlinkIPSets struct{ h *netlink.Handle }
 
 func newNetlinkIPSets() (*netlinkIPSets, error) {
-	h, err := netlink.NewHandle(unix.NETLINK_NETFILTER)
-	if err != nil {
-		return nil, fmt.Errorf("open netfilter netlink: %w", err)
-	}
-	return &netlinkIPSets{h: h}, nil
+	return openNetlink[netlinkIPSets](unix.NETLINK_NETFILTER, "netfilter netlink")
 }
 
 func (n *netlinkIPSets) close() { n.h.Close() }
@@ -442,23 +443,22 @@ func toNetlinkEntry(t ipsetType, e setEntry) *netlink.IPSetEntry {
 }
 
 func (n *netlinkIPSets) Add(name string, t ipsetType, e setEntry) error {
-	var err error
-	if t == typeBitmapPort {
-		err = bitmapPortAddDel(nl.IPSET_CMD_ADD, name, e.Port)
-	} else {
-		err = n.h.IpsetAdd(name, toNetlinkEntry(t, e))
-	}
+	err := entryOp(nl.IPSET_CMD_ADD, n.h.IpsetAdd, name, t, e)
 	return classify(err, []error{nl.IPSetError(nl.IPSET_ERR_EXIST)}, ipsetNotExist)
 }
 
 func (n *netlinkIPSets) Del(name string, t ipsetType, e setEntry) error {
-	var err error
-	if t == typeBitmapPort {
-		err = bitmapPortAddDel(nl.IPSET_CMD_DEL, name, e.Port)
-	} else {
-		err = n.h.IpsetDel(name, toNetlinkEntry(t, e))
-	}
+	err := entryOp(nl.IPSET_CMD_DEL, n.h.IpsetDel, name, t, e)
 	return classify(err, nil, []error{nl.IPSetError(nl.IPSET_ERR_EXIST), unix.ENOENT})
+}
+
+// entryOp adds or deletes (cmd, and op, the netlink handle's method doing it) one entry
+// of a set of type t: through op, but for a bitmap:port set (see bitmapPortAddDel).
+func entryOp(cmd int, op func(string, *netlink.IPSetEntry) error, name string, t ipsetType, e setEntry) error {
+	if t == typeBitmapPort {
+		return bitmapPortAddDel(cmd, name, e.Port)
+	}
+	return op(name, toNetlinkEntry(t, e))
 }
 
 // bitmapPortAddDel adds or deletes one port of a bitmap:port set. vishvananda/netlink sends

@@ -41,32 +41,6 @@ func (r *ruleset) text() string {
 // bit 14; Go does not count the 0x in the width).
 func masqueradeMark(bit int) string { return fmt.Sprintf("%#08x", uint32(1)<<uint(bit)) }
 
-// detectorNotLocal returns the iptables arguments that match traffic not from a local pod,
-// or nil for the no-op detector. Like upstream, only the first CIDR counts: iptables cannot
-// negate a list.
-func detectorNotLocal(d dataplane.LocalDetector) []string {
-	if d.IsNoOp() {
-		return nil
-	}
-	switch d.Mode {
-	case dataplane.DetectLocalClusterCIDR, dataplane.DetectLocalNodeCIDR:
-		return []string{"!", "-s", d.CIDRs[0].String()}
-	case dataplane.DetectLocalBridgeInterface:
-		return []string{"!", "-i", d.Interface}
-	case dataplane.DetectLocalInterfaceNamePrefix:
-		return []string{"!", "-i", d.Interface + "+"}
-	}
-	return nil
-}
-
-// detectorLocal is the positive form of detectorNotLocal.
-func detectorLocal(d dataplane.LocalDetector) []string {
-	if n := detectorNotLocal(d); n != nil {
-		return n[1:]
-	}
-	return nil
-}
-
 // renderRules renders upstream's ipvs-mode rules (writeIptablesRules) for one family, in its
 // order, with two differences: the rules that match an ipset are written whether or not the
 // set is empty (so the ruleset does not change with the Services), and sluice's
@@ -140,7 +114,7 @@ func (w *ruleWriter) setTargets() {
 
 	// sluice: externalTrafficPolicy Local without local endpoints. Pods (by the local
 	// detector) and the node itself reach the cluster's endpoints, everyone else is dropped.
-	if local := detectorLocal(w.cfg.detector); local != nil {
+	if local, _ := xtables.LocalMatches(w.cfg.detector); local != nil {
 		w.filter(chainProxyFirewall, w.withComment(setNoLocalEndpoints, "dst,dst"), local, jump("RETURN"))
 	}
 	w.filter(chainProxyFirewall, w.withComment(setNoLocalEndpoints, "dst,dst"),
@@ -155,7 +129,7 @@ func (w *ruleWriter) setTargets() {
 // jumps to the NodePort, load-balancer and source-range chains' ends.
 func (w *ruleWriter) masquerade() {
 	// ClusterIPs: masquerade what does not come from a pod.
-	switch notLocal := detectorNotLocal(w.cfg.detector); {
+	switch _, notLocal := xtables.LocalMatches(w.cfg.detector); {
 	case w.cfg.masqueradeAll:
 		w.nat(chainServices, w.withComment(setClusterIP, "dst,dst"), jump(chainMarkMasq))
 	case notLocal != nil:

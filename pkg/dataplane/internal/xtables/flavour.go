@@ -90,16 +90,12 @@ func Choose(ctx context.Context, cmd Commander, probe Probe, family model.IPFami
 
 func detect(ctx context.Context, cmd Commander, probe Probe, family model.IPFamily, installed Flavour) Choice {
 	held := map[Flavour]map[string]map[string]bool{}
-	for _, f := range Flavours {
-		t := NewTools(cmd, family, f, installed)
-		if !t.Available() || !probe.InUse(t) {
-			continue
-		}
+	for _, t := range inUse(cmd, probe, family, installed) {
 		chains, err := probe.Chains(ctx, t)
 		if err != nil {
 			continue
 		}
-		held[f] = chains
+		held[t.Flavour] = chains
 	}
 	for _, f := range Flavours {
 		for _, c := range kubeletHintChains {
@@ -123,6 +119,30 @@ func detect(ctx context.Context, cmd Commander, probe Probe, family model.IPFami
 		return Choice{Flavour: Legacy, Installed: installed, Reason: fmt.Sprintf("it holds more chains (%d against %d)", legacy, nft)}
 	}
 	return Choice{Flavour: installed, Installed: installed, Reason: "installed as iptables"}
+}
+
+// ToolsInUse returns the programs of each flavour, legacy then nft, that is installed and
+// has a table of family in this network namespace: the flavours that may hold kube-proxy's
+// chains. When `iptables --version` fails, which flavour is installed as `iptables` is
+// not known, and each flavour's own program names are used.
+func ToolsInUse(ctx context.Context, cmd Commander, probe Probe, family model.IPFamily) []*Tools {
+	installed, err := Installed(ctx, cmd, family)
+	if err != nil {
+		installed = ""
+	}
+	return inUse(cmd, probe, family, installed)
+}
+
+// inUse returns the programs of each flavour, legacy then nft, that is installed and in
+// use, installed being the flavour of `iptables`.
+func inUse(cmd Commander, probe Probe, family model.IPFamily, installed Flavour) []*Tools {
+	var out []*Tools
+	for _, f := range []Flavour{Legacy, NFT} {
+		if t := NewTools(cmd, family, f, installed); t.Available() && probe.InUse(t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // SystemProbe is the kernel's Probe.

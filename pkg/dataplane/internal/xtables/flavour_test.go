@@ -127,6 +127,36 @@ func TestHasChains(t *testing.T) {
 	}
 }
 
+func TestToolsInUseAreTheInstalledFlavoursWithTables(t *testing.T) {
+	both := scriptedProbe{NFT: chains(1), Legacy: chains(1)}
+	for _, tc := range []struct {
+		name  string
+		cmd   *scriptedCommander
+		probe scriptedProbe
+		want  []string // restore programs, in order
+	}{
+		{"both in use: legacy first, the installed one by its plain name",
+			&scriptedCommander{installed: NFT}, both, []string{"iptables-legacy-restore", "iptables-restore"}},
+		{"only the flavour with tables",
+			&scriptedCommander{installed: Legacy}, scriptedProbe{NFT: chains(0)}, []string{"iptables-nft-restore"}},
+		{"a flavour without its programs is left out",
+			&scriptedCommander{installed: NFT, missing: []string{"iptables-legacy-save"}}, both, []string{"iptables-restore"}},
+		{"`iptables --version` failing: each flavour by its own names",
+			&scriptedCommander{}, both, []string{"iptables-legacy-restore", "iptables-nft-restore"}},
+		{"nothing in use", &scriptedCommander{installed: NFT}, scriptedProbe{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, tools := range ToolsInUse(context.Background(), tc.cmd, tc.probe, model.IPv4) {
+				got = append(got, tools.RestoreProgram)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestToolNames(t *testing.T) {
 	tests := []struct {
 		family             model.IPFamily
